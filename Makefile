@@ -1,0 +1,57 @@
+# Parallel PyTorch - the two commands a student needs:
+#   make lab    create .venv if missing, install, start JupyterLab on 127.0.0.1 with a token
+#   make test   create .venv if missing, install, run the whole test suite
+# Everything else here is for authors and instructors.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Notebooks call `!torchrun`: make the venv's tools the ones found first.
+export PATH := $(abspath $(BIN)):$(PATH)
+# Keep the course's pip quiet about its own version; never ask questions.
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: lab test labs scripts outputs check-python clean help
+
+help:
+	@sed -n '2,5p' Makefile
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null || { \
+	  echo "error: Parallel PyTorch needs Python 3.11 or newer, but '$(PYTHON)' is: $$($(PYTHON) --version 2>&1 || echo 'not found')."; \
+	  echo "       Install a newer Python and run: make PYTHON=/path/to/python3.11 $(MAKECMDGOALS)"; exit 1; }
+
+$(BIN)/python: | check-python
+	$(PYTHON) -m venv $(VENV)
+
+# Re-install whenever the dependency list changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+lab: $(STAMP)
+	@TOKEN=$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(24))'); \
+	ROOT=$$([ "$$(id -u)" = 0 ] && echo --allow-root); \
+	echo "JupyterLab: http://127.0.0.1:8888/lab?token=$$TOKEN  (another port is chosen if 8888 is busy; the URL below is the one to open)"; \
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=8888 \
+	  --IdentityProvider.token=$$TOKEN $$ROOT \
+	  --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks/00_setup_check.ipynb
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# Authors: regenerate labs/ from solutions/ (tests fail when they drift).
+labs: $(STAMP)
+	$(BIN)/python scripts/make_labs.py
+
+# Authors: export scripts/ from the notebooks' last %%writefile cells (tests fail when they drift).
+scripts: $(STAMP)
+	$(BIN)/python scripts/export_scripts.py
+
+# Authors: re-execute notebooks and store their outputs, e.g. make outputs NB=notebooks/00_setup_check.ipynb
+outputs: $(STAMP)
+	$(BIN)/python scripts/execute_notebooks.py $(NB)
+
+clean:
+	rm -rf build notebooks/work solutions/work labs/work

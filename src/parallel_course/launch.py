@@ -1,0 +1,64 @@
+"""Make a notebook's ``!torchrun`` cells behave the same on every machine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+WORK_DIR = "work"  # git-ignored: every file a notebook writes goes here
+
+
+def setup_notebook(work_dir: str = WORK_DIR, threads_per_process: int = 1) -> None:
+    """Prepare the kernel's environment for launching worker processes.
+
+    - creates ``work_dir`` (git-ignored) for the scripts that ``%%writefile`` cells write;
+    - puts this Python's ``bin`` folder first on ``PATH`` so that ``!torchrun`` and
+      ``!python`` are the course environment's, even when Jupyter was started without
+      activating it;
+    - sets ``OMP_NUM_THREADS`` for the workers (unless the user already did), so that N
+      processes do not fight over the cores and torchrun does not print its warning.
+    """
+    if threads_per_process < 1:
+        raise ValueError(f"threads_per_process must be >= 1, got {threads_per_process}")
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + path
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process))
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+
+
+def run_bounded(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to completion, or kill it *and every process it started* after ``timeout`` s.
+
+    The command gets a process group of its own, so a launcher's workers are killed with it
+    (``subprocess.run``'s own timeout kills only the direct child). Output is captured as text.
+    Raises ``subprocess.TimeoutExpired`` after the group is killed.
+    """
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, **kwargs,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    finally:
+        if proc.poll() is None:  # interrupted (e.g. KeyboardInterrupt): leave nothing behind
+            _kill_group(proc.pid)
+    _kill_group(proc.pid)  # workers that outlived a launcher that has exited
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

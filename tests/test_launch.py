@@ -1,0 +1,61 @@
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from parallel_course.launch import run_bounded, setup_notebook
+
+
+def test_setup_notebook_creates_work_dir_and_sets_threads(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    setup_notebook()
+    assert (tmp_path / "work").is_dir()
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+    assert os.environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+
+
+def test_setup_notebook_keeps_the_users_thread_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    setup_notebook(work_dir=str(tmp_path / "w"))
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+
+
+def test_setup_notebook_rejects_zero_threads(tmp_path):
+    with pytest.raises(ValueError, match="threads_per_process must be >= 1"):
+        setup_notebook(work_dir=str(tmp_path), threads_per_process=0)
+
+
+def test_run_bounded_returns_output_and_exit_code():
+    result = run_bounded([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], timeout=30)
+    assert (result.returncode, result.stdout) == (3, "hi\n")
+
+
+def test_run_bounded_kills_the_whole_process_group_on_timeout(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    # A child that starts a grandchild and then both sleep: a hung launcher and its worker.
+    code = (
+        "import subprocess, sys, time;"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid));"
+        "time.sleep(60)"
+    )
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_bounded([sys.executable, "-c", code], timeout=3)
+    assert time.monotonic() - start < 15
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(grandchild) and time.monotonic() < deadline:
+        if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.1)
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_run_bounded_rejects_a_non_positive_timeout():
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        run_bounded(["true"], timeout=0)
