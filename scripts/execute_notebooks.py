@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 CELL_TIMEOUT_S = 60  # same as the test suite (pyproject / tests)
@@ -29,6 +30,8 @@ def execute(path: Path) -> float:
         kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
         record_timing=False,
+        # Encrypted kernel transport: no start-up warning from ipykernel lands in a cell.
+        config=Config({"KernelManager": {"transport_encryption": "auto"}}),
     )
     client.execute()
     nb.metadata.pop("widgets", None)
