@@ -19,7 +19,8 @@ def run_nbval_on_launch(tmp_path, script_body: str):
     script.write_text(script_body)
     cell = new_code_cell(f"!{sys.executable} {script}")
     cell.execution_count = 1
-    cell.outputs = [new_output("stream", name="stdout", text="OK: every rank holds the sum\n")]
+    # `!cmd` output reaches the notebook through a pty, hence \r\n
+    cell.outputs = [new_output("stream", name="stdout", text="OK: every rank holds the sum\r\n")]
     nb = new_notebook(cells=[cell])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "launch.ipynb")
