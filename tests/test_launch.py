@@ -59,3 +59,24 @@ def test_run_bounded_kills_the_whole_process_group_on_timeout(tmp_path):
 def test_run_bounded_rejects_a_non_positive_timeout():
     with pytest.raises(ValueError, match="timeout must be positive"):
         run_bounded(["true"], timeout=0)
+
+
+def test_torchrun_returns_the_workers_output(tmp_path):
+    from parallel_course.launch import torchrun
+
+    script = tmp_path / "job.py"
+    script.write_text("import os\nif os.environ['RANK'] == '0': print('world', os.environ['WORLD_SIZE'])\n")
+    assert torchrun(str(script), nproc=2) == "world 2\n"
+
+
+def test_torchrun_raises_on_a_failed_job_and_on_a_stub(tmp_path):
+    from parallel_course.launch import LaunchFailed, torchrun
+
+    failing = tmp_path / "fail.py"
+    failing.write_text("raise ValueError('bad worker')\n")
+    with pytest.raises(LaunchFailed, match="bad worker"):
+        torchrun(str(failing), nproc=1)
+    stub = tmp_path / "stub.py"
+    stub.write_text("# YOUR CODE HERE\nraise NotImplementedError()\n")
+    with pytest.raises(NotImplementedError):
+        torchrun(str(stub), nproc=1)

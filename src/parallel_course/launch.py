@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,3 +63,36 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+class LaunchFailed(RuntimeError):
+    """A torchrun launch exited with an error; the message ends with the workers' last lines."""
+
+
+def torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 60) -> str:
+    """Run ``torchrun --standalone --nproc_per_node=nproc script args...``, bounded in time.
+
+    For check cells, where a failure must fail the cell (``!torchrun`` never does): prints and
+    returns the workers' standard output; raises ``LaunchFailed`` with the end of their error
+    output if the job fails, or ``NotImplementedError`` if it failed on a ``# YOUR CODE HERE``
+    stub that is still to be written.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    bin_dir = Path(sys.executable).parent
+    cmd = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", script, *args]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        result = run_bounded(cmd, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise LaunchFailed(f"{script} did not finish within {timeout:g} s (hung collective?)") from None
+    sys.stdout.write(result.stdout)
+    if result.returncode != 0:
+        if "NotImplementedError" in result.stderr:
+            raise NotImplementedError(f"{script} still has code to write (# YOUR CODE HERE)")
+        # The workers' own traceback comes before torchrun's first log line ("E1122 07:26:50...").
+        worker_err = re.split(r"(?m)^[EWI]\d{4} \d\d:\d\d", result.stderr)[0]
+        tail = "\n".join([l for l in worker_err.splitlines() if l.strip()][-10:])
+        raise LaunchFailed(f"{script} failed with exit code {result.returncode}:\n{tail}")
+    return result.stdout
