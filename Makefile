@@ -12,7 +12,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # Keep the course's pip quiet about its own version; never ask questions.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test labs scripts outputs check-python clean help
+.PHONY: lab test slides labs scripts outputs check-python clean help
 
 help:
 	@sed -n '2,5p' Makefile
@@ -42,6 +42,12 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Instructors: every lecture notebook as an offline reveal.js deck in build/slides/
+# (reveal.js and MathJax come from the npm registry once; the decks then need no network).
+slides: $(STAMP)
+	$(BIN)/python scripts/make_slides.py
+	@echo "Open build/slides/index.html in a browser."
 
 # Authors: regenerate labs/ from solutions/ (tests fail when they drift).
 labs: $(STAMP)
