@@ -29,6 +29,7 @@ OPTIONS = [
     f"--SlidesExporter.jquery_url={LIB}/jquery/dist/jquery.min.js",
     f"--SlidesExporter.require_js_url={LIB}/requirejs/require.js",
     "--SlidesExporter.reveal_scroll=True",
+    "--SlidesExporter.reveal_theme=white",  # its fonts ship with reveal.js (others use Google Fonts)
 ]
 
 

@@ -50,3 +50,8 @@ def test_make_lab_clears_outputs_and_keeps_the_solution_notebook():
 def test_make_lab_rejects_a_notebook_without_solutions():
     with pytest.raises(MarkerError, match="no solution regions"):
         make_lab(new_notebook(cells=[new_code_cell("x = 1")]))
+
+
+def test_indented_stub_is_a_solution_cell():
+    out, _ = clear_solutions("def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION")
+    assert is_solution_cell(new_code_cell(out))

@@ -52,9 +52,12 @@ def clear_solutions(source: str, cell_type: str = "code") -> tuple[str, bool]:
     return "\n".join(out), replaced
 
 
+_STUB = re.compile(r"(?m)^\s*# YOUR CODE HERE\n\s*raise NotImplementedError\(\)\s*$")
+
+
 def is_solution_cell(cell) -> bool:
-    """A cell of a generated lab that the student has to complete."""
-    return cell.cell_type == "code" and "\n".join(CODE_STUB) in cell.source
+    """A cell of a generated lab that the student has to complete (stub at any indentation)."""
+    return cell.cell_type == "code" and bool(_STUB.search(cell.source))
 
 
 def make_lab(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:

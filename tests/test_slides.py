@@ -1,0 +1,91 @@
+"""`make slides` decks work offline: reveal.js starts, there are slides, math is typeset, and
+no request leaves the machine. A screenshot of one slide is kept in build/test-artifacts/."""
+
+import re
+import sys
+
+import nbformat
+import pytest
+
+from browser import ARTIFACTS, ROOT, chromium_or_skip, is_local, launch
+from parallel_course.launch import run_bounded
+
+LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+MATH = re.compile(r"\$[^$\n]+\$")
+
+
+@pytest.fixture(scope="module")
+def decks():
+    chromium_or_skip()
+    result = run_bounded([sys.executable, "scripts/make_slides.py"], timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {nb: ROOT / "build" / "slides" / f"{nb.stem}.slides.html" for nb in LECTURES}
+
+
+def has_math(notebook) -> bool:
+    nb = nbformat.read(notebook, as_version=4)
+    return any(MATH.search(c.source) for c in nb.cells if c.cell_type == "markdown")
+
+
+def test_some_lecture_has_math_to_typeset():
+    assert any(has_math(nb) for nb in LECTURES), "no formula in any lecture: the math check checks nothing"
+
+
+def test_every_lecture_cell_has_slide_metadata():
+    for path in LECTURES:
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            kind = cell.metadata.get("slideshow", {}).get("slide_type")
+            assert kind in {"slide", "subslide", "fragment", "-", "skip", "notes"}, (
+                f"{path.name} cell {i}: slide_type {kind!r}"
+            )
+
+
+def test_setup_cells_are_skipped_in_slides():
+    for path in LECTURES:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if "setup_notebook()" in cell.source or "machine.versions()" in cell.source:
+                assert cell.metadata["slideshow"]["slide_type"] == "skip", path.name
+
+
+@pytest.mark.parametrize("notebook", LECTURES, ids=[p.stem for p in LECTURES])
+def test_deck_works_offline(decks, notebook):
+    from playwright.sync_api import sync_playwright
+
+    outside = []
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+
+        def guard(route):
+            if is_local(route.request.url):
+                route.continue_()
+            else:  # never let it out; remember it to fail the test
+                outside.append(route.request.url)
+                route.abort()
+
+        page.route("**/*", guard)
+        page.goto(decks[notebook].as_uri())
+        page.wait_for_selector(".reveal.ready", timeout=30_000)  # reveal.js initialised
+        assert page.locator(".reveal .slides section").count() > 1
+        if has_math(notebook):
+            page.wait_for_function(
+                "document.querySelectorAll('.MathJax_CHTML').length > 0", timeout=30_000
+            )
+            raw = page.evaluate("document.querySelector('.reveal .slides').innerText")
+            assert not MATH.search(raw), f"untypeset formula left in the deck: {MATH.search(raw)[0]}"
+        if notebook.stem.startswith("01"):
+            # Show the first slide with a typeset formula: reveal.js addresses it as #/h/v.
+            h, v = page.evaluate(
+                """() => { const top = [...document.querySelectorAll('.reveal .slides > section')];
+                   for (const [h, s] of top.entries()) {
+                     const subs = s.querySelectorAll(':scope > section');
+                     for (const [v, sub] of (subs.length ? [...subs] : [s]).entries())
+                       if (sub.querySelector('.MathJax_CHTML')) return [h, v]; }
+                   return [0, 0]; }"""
+            )
+            page.goto(f"{decks[notebook].as_uri()}#/{h}/{v}")
+            page.wait_for_timeout(1000)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / f"slides_{notebook.stem}.png"))
+        browser.close()
+    assert not outside, f"requests left the machine: {outside}"
