@@ -46,3 +46,22 @@ def test_implications_of_one_gpu_mention_gloo_for_extra_ranks():
 def test_describe_reports_this_machine():
     m = machine.describe()
     assert m.logical_cores >= 1 and m.backends["gloo"]
+
+
+def test_placement_puts_ranks_on_their_local_gpu_or_all_on_the_cpu():
+    assert machine.placement(2, 2) == ["rank 0: cuda:0 (nccl)", "rank 1: cuda:1 (nccl)"]
+    assert machine.placement(1, 2) == ["rank 0: cpu (gloo)", "rank 1: cpu (gloo)"]
+
+
+def test_placement_rejects_negative_gpus():
+    with pytest.raises(ValueError, match="number of GPUs must be >= 0"):
+        machine.placement(-1, 2)
+
+
+def test_placement_explorer_follows_its_sliders():
+    from parallel_course.widgets import placement_explorer
+
+    w = placement_explorer(num_gpus=0, world_size=2)
+    assert "rank 1: cpu (gloo)" in w.result.value
+    w.gpus.value = 4
+    assert "rank 1: cuda:1 (nccl)" in w.result.value

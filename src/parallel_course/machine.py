@@ -128,3 +128,19 @@ def versions() -> None:
     m = describe()
     print(f"python {m.python} ({sys.executable})")
     print(f"torch  {m.torch}" + (f" (CUDA {m.cuda_build})" if m.cuda_build else " (CPU build)"))
+
+
+def placement(num_gpus: int, world_size: int, backends: dict[str, bool] | None = None) -> list[str]:
+    """Where each local rank of a one-node job runs, by the course's rule: one line per rank.
+
+    With a GPU for every rank: ``cuda:LOCAL_RANK`` over nccl; otherwise every rank on the CPU
+    over gloo (two ranks cannot share a GPU under nccl).
+    """
+    if num_gpus < 0:
+        raise ValueError(f"number of GPUs must be >= 0, got {num_gpus}")
+    backends = backends or {"gloo": True, "nccl": True}
+    backend = pick_backend(num_gpus, backends, world_size)
+    return [
+        f"rank {r}: {'cuda:' + str(r) if backend == 'nccl' else 'cpu'} ({backend})"
+        for r in range(world_size)
+    ]

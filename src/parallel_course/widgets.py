@@ -14,7 +14,7 @@ import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from . import costmodel
+from . import costmodel, machine
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 MB = 1e6  # bytes
@@ -168,3 +168,32 @@ def cost_model_explorer(**defaults) -> CostModelExplorer:
     ``bandwidth_gbit``, ``latency_us``, ``overlap``, ``algorithm``).
     """
     return CostModelExplorer(**defaults)
+
+
+class PlacementExplorer(widgets.VBox):
+    """Chapter 00: GPUs on a node and processes to start -> the backend and device of each rank
+    (``machine.placement``), shown in an HTML widget that is updated, never printed."""
+
+    def __init__(self, num_gpus: int = 0, world_size: int = 2):
+        common = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="420px"))
+        self.gpus = widgets.IntSlider(value=num_gpus, min=0, max=8, description="GPUs on the node", **common)
+        self.ranks = widgets.IntSlider(value=world_size, min=1, max=8, description="processes", **common)
+        self.result = widgets.HTML()
+        super().__init__([self.gpus, self.ranks, self.result])
+        for control in (self.gpus, self.ranks):
+            control.observe(self._update, names="value")
+        self._update()
+
+    def summary(self) -> str:
+        return "\n".join(machine.placement(self.gpus.value, self.ranks.value))
+
+    def _update(self, change=None) -> None:
+        self.result.value = f"<pre>{self.summary()}</pre>"
+
+    def __repr__(self) -> str:
+        return f"PlacementExplorer(gpus={self.gpus.value}, processes={self.ranks.value})"
+
+
+def placement_explorer(num_gpus: int = 0, world_size: int = 2) -> PlacementExplorer:
+    """Sliders for GPUs and processes; shows which backend and device each rank gets."""
+    return PlacementExplorer(num_gpus, world_size)
