@@ -1,0 +1,72 @@
+"""Point to point: send/recv, isend/irecv round a ring, and the deadlock of blocking sends."""
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def setup():
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    return backend, device
+
+
+def print_in_rank_order(text):
+    texts = [None] * dist.get_world_size()
+    dist.all_gather_object(texts, text)
+    if dist.get_rank() == 0:
+        sys.stdout.write("\n".join(texts) + "\n")
+
+
+def main():
+    backend, device = setup()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+
+    # 1. blocking send/recv, rank 0 -> rank 1
+    if rank == 0:
+        x = torch.tensor([1.0, 2.0, 3.0], device=device)
+        dist.send(x, dst=1)
+        text = f"rank 0 sent     {x.tolist()}"
+    elif rank == 1:
+        x = torch.zeros(3, device=device)  # the receiver allocates: same shape and dtype
+        dist.recv(x, src=0)
+        text = f"rank 1 received {x.tolist()}"
+    else:
+        text = f"rank {rank} took no part"
+    print_in_rank_order("send/recv:   " + text)
+
+    # 2. isend/irecv: every rank passes a tensor to its right neighbour, all at once
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    outgoing = torch.full((2,), float(rank), device=device)
+    incoming = torch.empty(2, device=device)
+    requests = [dist.isend(outgoing, dst=right), dist.irecv(incoming, src=left)]
+    # the buffer rule: until wait() returns, do not change `outgoing`, do not read `incoming`
+    for request in requests:
+        request.wait()
+    print_in_rank_order(f"isend/irecv: rank {rank} received {incoming.tolist()} from rank {left}")
+
+    # 3. the same ring with blocking calls, every rank sending first
+    if backend == "gloo":
+        quick = dist.new_group(timeout=timedelta(seconds=2))  # gives up after 2 s, not 30
+        try:
+            dist.send(outgoing, dst=right, group=quick)
+            dist.recv(incoming, src=left, group=quick)
+            text = "finished"
+        except RuntimeError:  # "Timed out ...", or "Connection closed" if the peer gave up first
+            text = "never got out of send: deadlock, ended by the timeout"
+    else:  # a hung NCCL operation ends the process instead: do not try it
+        text = "skipped on nccl"
+    print_in_rank_order(f"all send first: rank {rank} {text}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
