@@ -1,0 +1,82 @@
+"""Seed 003's model and loop, fixed: deterministic, learnable, and averaged correctly.
+
+    python train_single.py --epochs 5 --batch-size 64 --out work/single
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class SimpleModel(nn.Module):  # seed 003's model: one linear layer
+    def __init__(self, input_dim=10, output_dim=1):
+        super().__init__()
+        self.linear = nn.Linear(input_dim, output_dim)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def make_data(samples, seed):
+    """A regression the model can learn: y = X @ w_true + 0.5 + noise, fixed by the seed."""
+    # (Seed 003 drew new random inputs at every access, for a constant target 1.0.)
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(samples, 10, generator=g)
+    w_true = torch.randn(10, 1, generator=g)
+    y = X @ w_true + 0.5 + 0.1 * torch.randn(samples, 1, generator=g)
+    return {"X": X, "y": y}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="Train seed 003's model in one process.")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=1024, help="size of the synthetic data set")
+    parser.add_argument("--seed", type=int, default=0, help="fixes the data, the shuffle and the init")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--out", type=Path, required=True, help="folder for data.pt, final.pt, metrics.json")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    # "Download" the data set once, then read it from disk (a real job fetches files here).
+    args.out.mkdir(parents=True, exist_ok=True)
+    data_file = args.out / "data.pt"
+    torch.save(make_data(args.samples, args.seed), data_file)
+    data = torch.load(data_file, weights_only=True)
+    dataset = TensorDataset(data["X"], data["y"])
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                        generator=torch.Generator().manual_seed(args.seed))
+
+    torch.manual_seed(args.seed)  # the same initial weights on every run
+    model = SimpleModel().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    losses = []
+    for epoch in range(args.epochs):
+        running_loss = 0.0
+        for X, y in loader:
+            X, y = X.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = F.mse_loss(model(X), y)  # MSE on a real target: there is something to learn
+            loss.backward()
+            optimizer.step()
+            running_loss += loss.item()
+        losses.append(running_loss / len(loader))  # the number of batches, not the last index i
+        sys.stdout.write(f"epoch {epoch + 1}/{args.epochs}: loss {losses[-1]:.4f}\n")
+
+    torch.save(model.state_dict(), args.out / "final.pt")
+    (args.out / "metrics.json").write_text(json.dumps({"loss": losses}, indent=1))
+    sys.stdout.write(f"wrote {args.out / 'final.pt'} and metrics.json\n")
+
+
+if __name__ == "__main__":
+    main()

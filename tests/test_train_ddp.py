@@ -1,0 +1,133 @@
+"""scripts/train_ddp.py, the reference script exported from notebook 04.
+
+- the same final weights (within 1e-5) at world sizes 1 (plain python), 2 and 4 (torchrun)
+  with the same global batch, and a well-formed metrics.json whose loss falls;
+- bad arguments end in one line on stderr and a non-zero exit; --help exits 0.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from parallel_course.launch import run_bounded
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "train_ddp.py"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+TRAIN_ARGS = ["--epochs", "3", "--global-batch-size", "32", "--samples", "256", "--seed", "1"]
+TOLERANCE = 1e-5
+
+
+def launch(nproc, *args, timeout=90):
+    """`python train_ddp.py` for nproc=None, else `torchrun --nproc_per_node=nproc train_ddp.py`."""
+    if nproc is None:
+        cmd = [sys.executable, str(SCRIPT)]
+    else:
+        cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(var, None)
+    return run_bounded(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Output folders of the runs at world sizes 1, 2 and 4."""
+    base = tmp_path_factory.mktemp("train_ddp")
+    outs = {}
+    for world_size, nproc in [(1, None), (2, 2), (4, 4)]:
+        out = base / f"n{world_size}"
+        result = launch(nproc, *TRAIN_ARGS, "--out", out)
+        assert result.returncode == 0, result.stderr[-3000:]
+        outs[world_size] = out
+    return outs
+
+
+def weights(out):
+    state = torch.load(out / "final.pt", map_location="cpu", weights_only=True)
+    return {k: v for k, v in state.items()}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_same_weights_as_one_process(runs, world_size):
+    one, many = weights(runs[1]), weights(runs[world_size])
+    assert one.keys() == many.keys() == {"linear.weight", "linear.bias"}
+    diff = max((one[k] - many[k]).abs().max().item() for k in one)
+    assert diff <= TOLERANCE, f"world size {world_size}: max |dW| = {diff:.3g} > {TOLERANCE}"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_metrics_json(runs, world_size):
+    metrics = json.loads((runs[world_size] / "metrics.json").read_text())
+    assert metrics["world_size"] == world_size
+    assert metrics["global_batch_size"] == 32
+    loss = metrics["loss"]
+    assert len(loss) == metrics["epochs"] == 3
+    assert all(isinstance(l, float) and math.isfinite(l) for l in loss)
+    assert loss[-1] < loss[0] / 2, f"the loss should fall: {loss}"
+    one = json.loads((runs[1] / "metrics.json").read_text())["loss"]
+    assert loss == pytest.approx(one, rel=1e-4), "the logged loss is the global mean at every world size"
+
+
+def test_bad_argument_from_the_command_line(tmp_path):
+    result = launch(None, "--epochs", "0", "--out", tmp_path / "out", timeout=60)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    errors = [l for l in result.stderr.splitlines() if "error" in l]
+    assert errors == ["train_ddp.py: error: --epochs, --samples and --global-batch-size must be at least 1"]
+    assert result.stderr.splitlines()[-1] == errors[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_help(tmp_path):
+    result = launch(None, "--help", timeout=60)
+    assert result.returncode == 0, result.stderr
+    for option in ["--epochs", "--global-batch-size", "--samples", "--seed", "--lr", "--out"]:
+        assert option in result.stdout
+
+
+@pytest.fixture(scope="module")
+def train_ddp():
+    """The script as a module, to check its argument parsing in this process (fast)."""
+    spec = importlib.util.spec_from_file_location("train_ddp_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "0"], "must be at least 1"),
+    (["--samples", "-3"], "must be at least 1"),
+    (["--global-batch-size", "0"], "must be at least 1"),
+    (["--lr", "0"], "--lr must be positive"),
+    (["--lr", "nan"], "--lr must be positive"),
+    (["--epochs", "two"], "invalid int value"),
+    (["--global-batch-size", "30", "WORLD_SIZE=4"], "not divisible by the world size 4"),
+    (["OUT_IS_A_FILE"], "exists and is not a folder"),
+    ([], "required: --out"),
+], ids=["epochs", "samples", "batch", "lr0", "lr-nan", "epochs-text", "not-divisible", "out-file", "no-out"])
+def test_bad_arguments(train_ddp, tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    argv = []
+    for a in args:
+        if a.startswith("WORLD_SIZE="):
+            monkeypatch.setenv("WORLD_SIZE", a.split("=")[1])
+        elif a == "OUT_IS_A_FILE":
+            (tmp_path / "file").write_text("")
+            argv += ["--out", str(tmp_path / "file")]
+        else:
+            argv.append(a)
+    if args and "OUT_IS_A_FILE" not in args:
+        argv += ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        train_ddp.parse_args(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert message in err[-1] and err[-1].startswith(f"{Path(sys.argv[0]).name}: error: ")
+    assert sum("error" in line for line in err) == 1
