@@ -1,0 +1,211 @@
+"""A pipeline executor: one process per stage, activations and gradients sent with send/recv.
+
+    torchrun --standalone --nproc_per_node=2 c07_pipeline.py [--microbatches 4] [--repeats 3]
+    torchrun --standalone --nproc_per_node=2 c07_pipeline.py --orders orders.json
+
+Each process holds one stage (a slice of the same 8-layer MLP) and follows its list of
+operations, ("F", i) = forward of micro-batch i, ("B", i) = its backward, in order. It runs
+naive model parallelism (the whole batch as one micro-batch), GPipe and 1F1B (or the orders in
+a JSON file: {"orders": [[["F", 0], ...], ...]}, one list per stage), checks the gradients
+against the unsplit model, and writes each stage's busy intervals to DIR/c07_pipeline.json.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+WIDTH, LAYERS, BATCH = 1024, 8, 256  # about 10 ms of forward per stage and micro-batch at 2 stages
+
+
+def setup():
+    """Backend and device from what is present; works under torchrun and as plain python."""
+    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]:
+        os.environ.setdefault(key, value)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    return device
+
+
+def say(text):
+    """Print from rank 0 only, in one write (lines from several ranks never splice)."""
+    if dist.get_rank() == 0:
+        sys.stdout.write(text + "\n")
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def my_stage(model, stage, n_stages):
+    """This process's slice of the model: LAYERS / n_stages consecutive Linear+ReLU pairs."""
+    per_stage = len(model) // n_stages
+    return model[stage * per_stage:(stage + 1) * per_stage]
+
+
+def gpipe(n_stages, m):
+    return [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(n_stages)]
+
+
+def one_f_one_b(n_stages, m):
+    orders = []
+    for stage in range(n_stages):
+        warmup = min(n_stages - 1 - stage, m)
+        order = [("F", i) for i in range(warmup)]
+        for i in range(m - warmup):
+            order += [("F", warmup + i), ("B", i)]
+        orders.append(order + [("B", i) for i in range(m - warmup, m)])
+    return orders
+
+
+def run_step(stage_model, order, x, y, m, device):
+    """Follow `order` for one training step.
+
+    Returns this stage's busy intervals (start, end, "F3"/"B3"/"L3" for the loss) and the most
+    micro-batches whose activations it held at once.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == world_size - 1
+    xs, ys = x.chunk(m), y.chunk(m)
+    shape = (len(xs[0]), WIDTH)
+    stash, sends, busy, peak = {}, [], [], 0
+
+    def timed(label, fn):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        busy.append((start, time.perf_counter(), label))
+        return result
+
+    for kind, i in order:
+        if kind == "F":
+            if first:
+                inp = xs[i].to(device)
+            else:
+                inp = torch.empty(shape, device=device)
+                dist.recv(inp, src=rank - 1, tag=i)                  # the previous stage's output
+                inp.requires_grad_()
+            out = timed(f"F{i}", lambda: stage_model(inp))
+            if last:
+                out = timed(f"L{i}", lambda: F.mse_loss(out, ys[i].to(device)) / m)  # the loss
+            else:
+                sends.append(dist.isend(out.detach(), dst=rank + 1, tag=i))
+            stash[i] = (inp, out)                                    # kept until B of i
+            peak = max(peak, len(stash))
+        else:
+            inp, out = stash.pop(i)
+            if last:
+                timed(f"B{i}", lambda: out.backward())
+            else:
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=rank + 1, tag=m + i)              # d loss / d output
+                timed(f"B{i}", lambda: out.backward(grad))
+            if not first:
+                sends.append(dist.isend(inp.grad, dst=rank - 1, tag=m + i))
+    for request in sends:
+        request.wait()
+    return busy, peak
+
+
+def span(stages):
+    """Seconds from the first start to the last end of these stages' busy intervals."""
+    intervals = [iv for busy in stages for iv in busy]
+    return max(iv[1] for iv in intervals) - min(iv[0] for iv in intervals)
+
+
+def overlap(stages):
+    """Seconds during which two or more stages computed at the same time."""
+    edges = sorted((t, d) for busy in stages for s, e, _ in busy for t, d in ((s, 1), (e, -1)))
+    total, active, previous = 0.0, 0, None
+    for t, d in edges:
+        if active >= 2:
+            total += t - previous
+        active, previous = active + d, t
+    return total
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed steps per schedule (default 2)")
+    parser.add_argument("--orders", help="JSON file with one list of operations per stage")
+    parser.add_argument("--out", default="work", help="folder for c07_pipeline.json (default: work)")
+    args = parser.parse_args()
+    if args.microbatches < 1 or args.repeats < 1 or BATCH % args.microbatches:
+        parser.error(f"--microbatches must divide {BATCH} and --repeats be >= 1")
+    device = setup()
+    if device.type == "cpu":
+        torch.set_num_threads(1)                                      # one core per stage
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if LAYERS % world_size:
+        parser.error(f"{LAYERS} layers cannot be split into {world_size} equal stages")
+    m = args.microbatches
+    schedules = {"naive": (1, gpipe(world_size, 1)), "gpipe": (m, gpipe(world_size, m)),
+                 "1f1b": (m, one_f_one_b(world_size, m))}
+    if args.orders:
+        orders = json.loads(Path(args.orders).read_text())["orders"]
+        if len(orders) != world_size:
+            parser.error(f"{args.orders} has orders for {len(orders)} stages, not {world_size}")
+        n = sum(1 for kind, _ in orders[0] if kind == "F")
+        schedules = {"given": (n, [[(str(k), int(i)) for k, i in order] for order in orders])}
+
+    torch.manual_seed(1)
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+    full = make_model()                                              # the unsplit reference
+    F.mse_loss(full(x), y).backward()
+    expected = [p.grad for p in my_stage(full, rank, world_size).parameters()]
+    stage_model = my_stage(make_model(), rank, world_size).to(device)  # only my slice
+
+    say(f"{world_size} stages, {LAYERS // world_size} layers each, batch {BATCH}, "
+        f"backend={dist.get_backend()} device={device.type}")
+    results = {}
+    for index, (name, (n_micro, orders)) in enumerate(schedules.items()):
+        record = []
+        warmup = 1 if index == 0 else 0                               # one untimed step first
+        for repeat in range(warmup + args.repeats):
+            stage_model.zero_grad()
+            dist.barrier()
+            busy, peak = run_step(stage_model, orders[rank], x, y, n_micro, device)
+            diff = max((p.grad.cpu() - e).abs().max().item()
+                       for p, e in zip(stage_model.parameters(), expected))
+            everything = [None] * world_size
+            dist.all_gather_object(everything, (busy, peak, diff))
+            if repeat >= warmup:
+                record.append(everything)
+        worst = max(d for step in record for _, _, d in step)
+        best = min(record, key=lambda step: span(s[0] for s in step))   # the least disturbed step
+        results[name] = {"microbatches": n_micro, "busy": [stage[0] for stage in best],
+                         "peak_in_flight": [stage[1] for stage in best]}
+        together = "yes" if overlap([stage[0] for stage in best]) > 0 else "never"
+        say(f"{name:>5}: {n_micro} micro-batch(es), step {span(s[0] for s in best) * 1e3:.1f} ms, "
+            f"two stages computing at the same time: {together}, "
+            f"most micro-batches held per stage: {results[name]['peak_in_flight']}")
+        say(f"       gradients equal the unsplit model's: {worst <= 1e-5} (max |difference| <= 1e-05)")
+    if rank == 0:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "c07_pipeline.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Pipeline schedules as data, the bubble formula, and naive model parallelism (chapter 07)."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+from parallel_course import model_parallel as mp
+
+
+@pytest.mark.parametrize("kind", mp.KINDS)
+@pytest.mark.parametrize("p,m", [(1, 1), (1, 4), (2, 1), (2, 4), (3, 2), (4, 8), (4, 3), (8, 16)])
+def test_idle_fraction_is_the_bubble_formula(kind, p, m):
+    for t_b in (1, 2):  # also with a backward twice as long as a forward
+        ops = mp.schedule(kind, p, m, t_forward=1, t_backward=t_b)
+        assert len(ops) == 2 * p * m
+        assert mp.makespan(ops) == (m + p - 1) * (1 + t_b)
+        assert mp.idle_fraction(ops) == pytest.approx(mp.bubble_fraction(p, m))
+
+
+def test_timeline_respects_dependencies():
+    ops = mp.schedule("1f1b", 4, 6)
+    end = {(op.kind, op.stage, op.microbatch): op.slot + op.duration for op in ops}
+    for op in ops:
+        if op.kind == "F" and op.stage > 0:
+            assert op.slot >= end[("F", op.stage - 1, op.microbatch)]
+        if op.kind == "B" and op.stage < 3:
+            assert op.slot >= end[("B", op.stage + 1, op.microbatch)]
+    for s in range(4):  # one operation at a time per stage
+        mine = sorted((op.slot, op.slot + op.duration) for op in ops if op.stage == s)
+        assert all(a[1] <= b[0] for a, b in zip(mine, mine[1:]))
+
+
+def test_one_f_one_b_order_and_peaks():
+    assert mp.one_f_one_b_orders(2, 3) == [
+        [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)],
+        [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)],
+    ]
+    assert mp.peak_activations("gpipe", 4, 8) == [8, 8, 8, 8]
+    assert mp.peak_activations("1f1b", 4, 8) == [4, 3, 2, 1]
+    assert mp.peak_activations("1f1b", 4, 2) == [2, 2, 2, 1]
+
+
+def test_grid():
+    rows = mp.grid(mp.schedule("gpipe", 2, 2))
+    assert rows == [["F0", "F1", "", "", "B0", "B1"], ["", "F0", "F1", "B0", "B1", ""]]
+
+
+def test_bad_orders_are_refused():
+    with pytest.raises(ValueError, match="deadlock"):
+        mp.timeline([[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]])
+    with pytest.raises(ValueError, match="once each"):
+        mp.timeline([[("F", 0), ("B", 0)], [("F", 0)]])
+    with pytest.raises(ValueError, match="before"):
+        mp.validate_orders([[("B", 0), ("F", 0)]])
+    with pytest.raises(ValueError):
+        mp.stage_orders("zero-bubble", 2, 2)
+    with pytest.raises(ValueError):
+        mp.bubble_fraction(0, 4)
+
+
+def test_measured_idle_fraction():
+    busy = [[(0.0, 1.0, "F0"), (2.0, 3.0, "B0")], [(1.0, 2.0, "F0")]]
+    assert mp.measured_idle_fraction(busy) == pytest.approx(0.5)
+
+
+def test_split_sequential_balances_parameters_and_keeps_the_function():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    stages = mp.split_sequential(model, 2)
+    assert [len(s) for s in stages] == [4, 1]
+    assert [len(s) for s in mp.split_sequential(model, 5)] == [1, 1, 1, 1, 1]
+    with pytest.raises(ValueError):
+        mp.split_sequential(model, 6)
+    split = mp.SplitModel(stages, mp.stage_devices(2))
+    x = torch.randn(4, 8)
+    assert torch.allclose(split(x).cpu(), model.cpu()(x))
+    assert mp.parameter_bytes(model) == sum(mp.parameter_bytes(s) for s in stages)
