@@ -1,0 +1,85 @@
+"""FSDP2: fully_shard a model over a 1-D device mesh, train it, and compare with one process.
+
+    torchrun --standalone --nproc_per_node=2 c08_fsdp.py [--steps 5]
+
+Prints, gathered to rank 0: what each rank stores (parameters, gradients, Adam state) under
+fully_shard against the full model, and the trained weights against the same model trained
+by a single process on the whole batch.
+"""
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from c08_zero import make_model, per_rank, say, setup, train  # c08_zero.py: beside this file
+
+
+def local(t):
+    """The part of a tensor stored on this rank: a DTensor's local shard, or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def nbytes(tensors):
+    return sum(local(t).numel() * local(t).element_size() for t in tensors)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="training steps (default: 5)")
+    args = parser.parse_args()
+    device = setup()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world_size,))  # 1-D mesh: shard over all ranks
+
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8 * world_size, 32, generator=g).to(device),
+                torch.randn(8 * world_size, 5, generator=g).to(device)) for _ in range(args.steps)]
+
+    # One process, the whole batch: what sharded data parallelism must equal.
+    reference = make_model(device)
+    train(reference, torch.optim.Adam(reference.parameters(), lr=1e-3), batches)
+
+    # FSDP2: shard each block, then the root (inp and head), over the mesh.
+    model = make_model(device)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)  # built on the sharded parameters
+    my_batches = [(x[rank::world_size], y[rank::world_size]) for x, y in batches]  # this rank's share
+    train(model, optimizer, my_batches)
+
+    w = model.blocks[0][0].weight
+    say(f"a sharded parameter: {type(w).__name__}, global shape {tuple(w.shape)}, "
+        f"placements {w.placements}, local shape on rank 0 {tuple(w.to_local().shape)}")
+    say(f"head.weight (5 rows): local shapes per rank "
+        f"{per_rank(tuple(model.head.weight.to_local().shape))}")
+
+    full_count = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
+    counts = per_rank(sum(p.to_local().numel() for p in model.parameters()))
+    stored = per_rank((nbytes(model.parameters()), nbytes(p.grad for p in model.parameters()),
+                       nbytes(v for s in optimizer.state.values() for v in s.values()
+                              if isinstance(v, torch.Tensor) and v.dim() > 0)))
+    full = (4 * full_count, 4 * full_count, 8 * full_count)
+    say(f"full model: {full_count:,} parameters; {world_size} ranks")
+    say(f"{'rank':>4} | {'parameters':>10} | {'param bytes':>11} | {'grad bytes':>10} | "
+        f"{'Adam m+v bytes':>14} | share of full")
+    for r in range(world_size):
+        say(f"{r:>4} | {counts[r]:>10,} | {stored[r][0]:>11,} | {stored[r][1]:>10,} | "
+            f"{stored[r][2]:>14,} | {counts[r] / full_count:.4f}")
+    say(f" all | {sum(counts):>10,} | {sum(s[0] for s in stored):>11,} | {sum(s[1] for s in stored):>10,} | "
+        f"{sum(s[2] for s in stored):>14,} | (the full model: {full[0]:,} / {full[1]:,} / {full[2]:,})")
+
+    atol = 1e-5  # float32 sums in another order; Adam's first steps magnify tiny differences
+    diff = max((p.full_tensor() - q).abs().max().item()  # full_tensor(): all-gather the shards
+               for p, q in zip(model.parameters(), reference.parameters()))
+    say(f"after {args.steps} steps, FSDP weights vs one process on the whole batch: "
+        f"{'PASS' if diff <= atol else 'FAIL'} max |difference| <= {atol:g}")
+    dist.destroy_process_group()
+    sys.exit(0 if diff <= atol else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""ZeRO-1 with ZeroRedundancyOptimizer: DDP + Adam against DDP + sharded Adam.
+
+    torchrun --standalone --nproc_per_node=2 c08_zero.py [--steps 5]
+
+Both runs start from the same weights and see the same data. Prints, gathered to rank 0:
+parameters held per rank (DDP keeps a full replica: M1), optimizer-state bytes per rank
+(ZeRO-1 keeps 1/N of them), and how far the two runs' weights are apart after --steps steps.
+"""
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup():
+    """Backend and device from what is present; works under torchrun and as plain python."""
+    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]:
+        os.environ.setdefault(key, value)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    return device
+
+
+def say(text):
+    """Print from rank 0 only, in one write (lines from several ranks never splice)."""
+    if dist.get_rank() == 0:
+        sys.stdout.write(text + "\n")
+
+
+def per_rank(value):
+    """`value` from every rank, as a list in rank order (on every rank)."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+class Net(nn.Module):
+    """An input layer, 4 residual blocks, and a head with 5 outputs (5 rows do not split evenly)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(32, 128)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(128, 128), nn.GELU()) for _ in range(4))
+        self.head = nn.Linear(128, 5)
+
+    def forward(self, x):
+        h = F.gelu(self.inp(x))
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def make_model(device):
+    torch.manual_seed(0)
+    return Net().to(device)
+
+
+def state_bytes(optimizer):
+    """Bytes of the tensors in an optimizer's state (exp_avg, exp_avg_sq, step)."""
+    return sum(v.numel() * v.element_size() for s in optimizer.state.values()
+               for v in s.values() if isinstance(v, torch.Tensor))
+
+
+def train(model, optimizer, batches):
+    for x, y in batches:
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="training steps (default: 5)")
+    args = parser.parse_args()
+    device = setup()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+
+    g = torch.Generator().manual_seed(1 + rank)  # each rank its own data
+    batches = [(torch.randn(8, 32, generator=g).to(device), torch.randn(8, 5, generator=g).to(device))
+               for _ in range(args.steps)]
+
+    # DDP + Adam: every rank holds all parameters and all of Adam's state.
+    model = make_model(device)
+    ddp_model = DDP(model)
+    adam = torch.optim.Adam(ddp_model.parameters(), lr=1e-3)
+    train(ddp_model, adam, batches)
+
+    # DDP + ZeroRedundancyOptimizer(Adam): each rank keeps Adam's state for its share only.
+    zero_model = DDP(make_model(device))
+    zero = ZeroRedundancyOptimizer(zero_model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+    train(zero_model, zero, batches)
+
+    n_params = sum(p.numel() for p in model.parameters())
+    counts = per_rank(sum(p.numel() for p in ddp_model.parameters()))
+    say(f"model: {n_params:,} parameters in {len(list(model.parameters()))} tensors, {world_size} ranks")
+    say("DDP: parameters held per rank: " + ", ".join(f"rank {r}: {c:,}" for r, c in enumerate(counts))
+        + "  (a full replica on every rank)")
+
+    owned = per_rank([sum(p.numel() for g in zero.optim.param_groups for p in g["params"])])
+    full = per_rank(state_bytes(adam))
+    sharded = per_rank(state_bytes(zero.optim))  # zero.optim: the local Adam over this rank's share
+    say(f"{'rank':>4} | {'params it updates':>17} | {'Adam state, DDP':>15} | {'Adam state, ZeRO-1':>18} | share")
+    for r in range(world_size):
+        say(f"{r:>4} | {owned[r][0]:>17,} | {full[r]:>9,} bytes | {sharded[r]:>12,} bytes | "
+            f"{sharded[r] / full[r]:.3f}")
+    say(f"ZeRO-1 state summed over ranks: {sum(sharded):,} bytes (unsharded: {full[0]:,} bytes)")
+
+    atol = 1e-6
+    diff = max((a - b).abs().max().item() for a, b in zip(ddp_model.parameters(), zero_model.parameters()))
+    worst = max(per_rank(diff))
+    say(f"after {args.steps} steps, ZeRO-1 weights vs DDP + Adam weights (all ranks): "
+        f"{'PASS' if worst <= atol else 'FAIL'} max |difference| <= {atol:g}")
+    dist.destroy_process_group()
+    sys.exit(0 if worst <= atol else 1)
+
+
+if __name__ == "__main__":
+    main()
