@@ -1,0 +1,163 @@
+"""Inside DDP, part 1: what DistributedDataParallel does at construction and in backward().
+
+    torchrun --standalone --nproc_per_node=2 c05_inside.py [--out DIR]
+
+1. M1/M3: every rank holds a full replica; DDP(...) broadcasts rank 0's parameters.
+2. M2: gradients are averaged during backward(), not in optimizer.step().
+3. Buckets: a communication hook records when each bucket's all-reduce starts and ends
+   (written to DIR/c05_buckets.json for a timeline plot).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup():
+    """Backend and device from what is present; works under torchrun and as plain python."""
+    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]:
+        os.environ.setdefault(key, value)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    return device
+
+
+def say(text):
+    """Print from rank 0 only, in one write (lines from several ranks never splice)."""
+    if dist.get_rank() == 0:
+        sys.stdout.write(text + "\n")
+
+
+def gathered(tensor):
+    """This tensor from every rank, as a list in rank order."""
+    tensors = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(tensors, tensor)
+    return tensors
+
+
+def flat(values):
+    return torch.cat([v.detach().reshape(-1) for v in values])
+
+
+def make_model(seed, device):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(6):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(512, 1)).to(device)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="work", help="folder for c05_buckets.json (default: work)")
+    args = parser.parse_args()
+    device = setup()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+
+    # --- 1. Construction: a full replica per rank, rank 0's values broadcast (M1, M3) ---
+    model = make_model(seed=rank, device=device)  # a different initialisation on every rank
+    before = gathered(flat(model.parameters()))
+    say(f"before DDP(...): parameters equal on all ranks: {all(torch.equal(b, before[0]) for b in before)}")
+    ddp_model = DDP(model)
+    after = gathered(flat(ddp_model.parameters()))
+    say(f"after  DDP(...): parameters equal on all ranks: {all(torch.equal(a, after[0]) for a in after)}; "
+        f"equal to rank 0's initialisation: {torch.equal(after[0], before[0])}")
+    counts = gathered(torch.tensor([sum(p.numel() for p in ddp_model.parameters())], device=device))
+    say("parameters held per rank: " + ", ".join(f"rank {r}: {c.item():,}" for r, c in enumerate(counts))
+        + " (a full replica each: DDP splits the data, not the model)")
+
+    # --- 2. When are gradients averaged? (M2) ---
+    phase = {"now": None}
+    calls = {"backward": 0, "step": 0}
+
+    def counting_hook(state, bucket):
+        calls[phase["now"]] += 1
+        return allreduce_hook(state, bucket)  # DDP's default: average the bucket over ranks
+
+    ddp_model.register_comm_hook(None, counting_hook)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(100 + rank)  # every rank its own data
+    x, y = torch.randn(64, 512, generator=g).to(device), torch.randn(64, 1, generator=g).to(device)
+
+    # The gradient each rank would have on its own (no DDP): a plain copy of the same module.
+    local = make_model(seed=0, device=device)
+    local.load_state_dict(ddp_model.module.state_dict())
+    nn.functional.mse_loss(local(x), y).backward()
+    local_grads = gathered(flat(p.grad for p in local.parameters()))
+    say(f"without DDP, local gradients equal on all ranks: {all(torch.equal(g_, local_grads[0]) for g_ in local_grads)}")
+
+    loss = nn.functional.mse_loss(ddp_model(x), y)
+    phase["now"] = "backward"
+    loss.backward()
+    grads = gathered(flat(p.grad for p in ddp_model.parameters()))  # right after backward()
+    mean = torch.stack(local_grads).mean(0)
+    say(f"with DDP, right after backward() and before step(): gradients identical on all ranks: "
+        f"{all(torch.equal(g_, grads[0]) for g_ in grads)}; "
+        f"equal to the mean of the local gradients within 1e-06: {(grads[0] - mean).abs().max().item() <= 1e-6}")
+    phase["now"] = "step"
+    optimizer.step()
+    say(f"all-reduce calls during backward(): {calls['backward']}, during optimizer.step(): {calls['step']}")
+
+    # --- 3. Buckets, and communication overlapping the rest of backward() ---
+    names = {}
+    events = []
+
+    def timing_hook(state, bucket):
+        start = time.perf_counter()
+        future = allreduce_hook(state, bucket)
+        layers = sorted({names[id(p)].split(".")[0] for p in bucket.parameters()}, key=int)
+        size_mb = bucket.buffer().numel() * bucket.buffer().element_size() / 2**20
+
+        def record(fut):
+            events.append({"bucket": bucket.index(), "tensors": len(bucket.parameters()), "mb": size_mb,
+                           "layers": layers, "start": start, "end": time.perf_counter()})
+            return fut.value()
+
+        return future.then(record)
+
+    timelines = {}
+    for bucket_cap_mb in [25, 1]:
+        model = make_model(seed=0, device=device)
+        names = {id(p): n for n, p in model.named_parameters()}
+        ddp_model = DDP(model, bucket_cap_mb=bucket_cap_mb)
+        ddp_model.register_comm_hook(None, timing_hook)
+        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+        for step in range(4):  # DDP re-orders its buckets after the first step; time the last
+            events.clear()
+            loss = nn.functional.mse_loss(ddp_model(x), y)
+            t0 = time.perf_counter()
+            loss.backward()
+            t_end = time.perf_counter()
+            optimizer.step()
+            optimizer.zero_grad()
+        events.sort(key=lambda e: e["start"])
+        say(f"bucket_cap_mb={bucket_cap_mb}: {len(events)} bucket(s), backward() returned after {1e3 * (t_end - t0):.1f} ms")
+        for e in events:
+            say(f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MB, layers {','.join(e['layers']):>9}: "
+                f"all-reduce from {1e3 * (e['start'] - t0):.1f} ms to {1e3 * (e['end'] - t0):.1f} ms")
+        timelines[bucket_cap_mb] = {"backward_ms": 1e3 * (t_end - t0),
+                                    "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0))
+                                                for e in events]}
+    if rank == 0:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "c05_buckets.json").write_text(json.dumps(timelines, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

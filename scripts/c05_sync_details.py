@@ -1,0 +1,186 @@
+"""Inside DDP, part 2: controlling synchronisation.
+
+    torchrun --standalone --nproc_per_node=2 c05_sync_details.py
+
+1. no_sync() + gradient accumulation (loss scaled by the number of micro-batches) equals one
+   large-batch step, with one all-reduce per optimizer step instead of one per micro-batch.
+2. Parameters that take no part in the loss: the error, and find_unused_parameters=True.
+3. Buffers: forward_sync_buffers (broadcast_buffers before torch 2.13), and why BatchNorm statistics need SyncBatchNorm.
+"""
+import argparse
+import contextlib
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup():
+    """Backend and device from what is present; works under torchrun and as plain python."""
+    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]:
+        os.environ.setdefault(key, value)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    return device
+
+
+def say(text):
+    if dist.get_rank() == 0:
+        sys.stdout.write(text + "\n")
+
+
+def gathered(tensor):
+    tensors = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(tensors, tensor)
+    return tensors
+
+
+def small_model(device):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1)).to(device)
+
+
+def accumulation(device, rank, world_size):
+    accum_steps, micro_batch = 4, 8
+    global_batch = world_size * accum_steps * micro_batch
+    g = torch.Generator().manual_seed(0)  # the same data on every rank; each takes its share
+    X, Y = torch.randn(global_batch, 8, generator=g).to(device), torch.randn(global_batch, 1, generator=g).to(device)
+
+    reference = small_model(device)  # one process, one large batch
+    F.mse_loss(reference(X), Y).backward()
+    ref_grad = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+
+    mine = X[rank::world_size], Y[rank::world_size]  # this rank's accum_steps * micro_batch samples
+    calls = [0]
+
+    def counting_hook(state, bucket):
+        calls[0] += 1
+        return allreduce_hook(state, bucket)
+
+    results = {}
+    for name, use_no_sync, scale in [("no_sync, loss / accum_steps", True, True),
+                                     ("no_sync, loss NOT scaled", True, False),
+                                     ("no no_sync, loss / accum_steps", False, True)]:
+        ddp_model = DDP(small_model(device))
+        ddp_model.register_comm_hook(None, counting_hook)
+        calls[0] = 0
+        for k in range(accum_steps):
+            x = mine[0][k * micro_batch:(k + 1) * micro_batch]
+            y = mine[1][k * micro_batch:(k + 1) * micro_batch]
+            last = k == accum_steps - 1
+            # no_sync(): backward() only accumulates into .grad; the all-reduce happens in the
+            # first backward() outside it, and then averages the accumulated sum.
+            ctx = ddp_model.no_sync() if (use_no_sync and not last) else contextlib.nullcontext()
+            with ctx:
+                loss = F.mse_loss(ddp_model(x), y)
+                (loss / accum_steps if scale else loss).backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in ddp_model.parameters()])
+        results[name] = (grad, calls[0])
+    for name, (grad, n_calls) in results.items():
+        diff = (grad - ref_grad).abs().max().item()
+        verdict = "equal within 1e-06" if diff <= 1e-6 else f"NOT equal: {grad.norm() / ref_grad.norm():.2f} times the norm"
+        say(f"  {name:31s}: {n_calls} all-reduce(s) per optimizer step; gradient vs the large batch: {verdict}")
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 1)
+        self.aux_head = nn.Linear(16, 1)  # used only when asked: unused in this training loop
+
+    def forward(self, x, use_aux=False):
+        h = torch.relu(self.body(x))
+        return self.aux_head(h) if use_aux else self.head(h)
+
+
+def unused_parameters(device, rank):
+    x, y = torch.randn(8, 8).to(device), torch.randn(8, 1).to(device)
+    torch.manual_seed(0)
+    ddp_model = DDP(TwoHeads().to(device))
+    for step in range(2):
+        try:
+            F.mse_loss(ddp_model(x), y).backward()
+            say(f"  default DDP, step {step}: ok")
+        except RuntimeError as e:
+            lines = str(e).splitlines()
+            say(f"  default DDP, step {step}: RuntimeError: {lines[0][:112]}...")
+            say("    " + next(l for l in lines if l.startswith("Parameter indices")).strip())
+            break
+    names = [n for n, p in ddp_model.module.named_parameters()]
+    say(f"    (parameter indices 0-5 are {', '.join(names)})")
+    torch.manual_seed(0)
+    ddp_model = DDP(TwoHeads().to(device), find_unused_parameters=True)  # NEW: the fix
+    for step in range(3):
+        F.mse_loss(ddp_model(x), y).backward()
+    say(f"  find_unused_parameters=True: 3 steps ok; aux_head.weight.grad is "
+        f"{'None' if ddp_model.module.aux_head.weight.grad is None else 'a tensor'}")
+
+
+def bn_model(device):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).to(device)
+
+
+def buffers(device, rank, world_size):
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(world_size * 16, 4, generator=g).to(device)
+    X[16:] += 3.0  # rank 1's data sits elsewhere: per-rank batch statistics differ
+    mine = X[rank * 16:(rank + 1) * 16]
+    for broadcast in [True, False]:
+        ddp_model = DDP(bn_model(device), forward_sync_buffers=broadcast)  # torch < 2.13: broadcast_buffers=
+        seen = []  # the running mean that forward() starts from, on this rank
+        ddp_model.module[1].register_forward_pre_hook(lambda m, args: seen.append(m.running_mean.clone()))
+        for step in range(3):
+            ddp_model(mine).sum().backward()
+        starts = gathered(seen[-1])
+        say(f"  forward_sync_buffers={broadcast!s:5}: BatchNorm running_mean at the start of forward, step 2: "
+            + "; ".join(f"rank {r}: {[round(v, 2) for v in s.tolist()]}" for r, s in enumerate(starts)))
+    # Batch statistics: each rank normalises with ITS OWN batch's mean and variance.
+    means = gathered(mine.mean(0))
+    say(f"  per-rank batch means of feature 0: {[round(m[0].item(), 2) for m in means]}; "
+        f"of the whole batch: {round(X.mean(0)[0].item(), 2)}")
+    try:  # SyncBatchNorm computes the statistics over all ranks' batches...
+        nn.SyncBatchNorm(4).to(device)(mine)
+        say(f"  SyncBatchNorm on {device.type}: ran")
+    except ValueError as e:  # ...but only on GPUs (and XPUs)
+        say(f"  SyncBatchNorm on {device.type}: ValueError: {e}")
+    # What SyncBatchNorm computes, by hand: all-reduce (sum, sum of squares, count).
+    stats = torch.cat([mine.sum(0), (mine * mine).sum(0), torch.tensor([float(len(mine))], device=device)])
+    dist.all_reduce(stats)
+    n = stats[-1]
+    mean = stats[:4] / n
+    var = stats[4:8] / n - mean * mean
+    full_mean, full_var = X.mean(0), X.var(0, unbiased=False)
+    ok = max((mean - full_mean).abs().max().item(), (var - full_var).abs().max().item()) <= 1e-5
+    say(f"  by hand, all_reduce of (sum, sum of squares, count): mean and variance equal the whole batch's within 1e-05: {ok}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args()
+    device = setup()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    say("1. Gradient accumulation over 4 micro-batches vs one large batch:")
+    accumulation(device, rank, world_size)
+    say("2. A parameter that takes no part in the loss:")
+    unused_parameters(device, rank)
+    say("3. Buffers and BatchNorm:")
+    buffers(device, rank, world_size)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

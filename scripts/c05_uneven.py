@@ -1,0 +1,142 @@
+"""Inside DDP, part 3: uneven inputs and correct evaluation.
+
+    torchrun --standalone --nproc_per_node=2 c05_uneven.py
+
+1. Ranks with different numbers of batches: without Join the rank with more batches waits for
+   an all-reduce nobody else joins (here: a 3-second timeout on gloo); with Join it finishes.
+2. Evaluation with a DistributedSampler that pads: sum correct answers and counts over ranks,
+   without the padded duplicates.
+"""
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def setup():
+    """Backend and device from what is present; works under torchrun and as plain python."""
+    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]:
+        os.environ.setdefault(key, value)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    return backend, device
+
+
+def say(text):
+    if dist.get_rank() == 0:
+        sys.stdout.write(text + "\n")
+
+
+def say_all(text):
+    """One line per rank, printed by rank 0 in rank order."""
+    lines = [None] * dist.get_world_size()
+    dist.all_gather_object(lines, text)
+    say("\n".join(lines))
+
+
+def train(ddp_model, batches, device, done):
+    """Train on the batches; done[0] counts the batches finished."""
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    for x, y in batches:
+        F.mse_loss(ddp_model(x.to(device)), y.to(device)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        done[0] += 1
+
+
+def uneven(backend, device, rank):
+    torch.manual_seed(1)
+    n_batches = 5 if rank == 0 else 3  # e.g. a dataset split by files of different sizes
+    batches = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(n_batches)]
+    if backend == "gloo":
+        # A group of its own with a short timeout, so the wait becomes an error quickly.
+        impatient = dist.new_group(timeout=timedelta(seconds=3))
+        ddp_model = DDP(nn.Linear(8, 1).to(device), process_group=impatient)
+        done = [0]
+        try:
+            train(ddp_model, batches, device, done)
+            result = f"finished its {done[0]} batches"
+        except RuntimeError as e:
+            timed_out = "timed out" in str(e).lower()
+            result = (f"RuntimeError after {done[0]} batches "
+                      f"({'timed out ' if timed_out else ''}waiting for an all-reduce partner)")
+        say_all(f"  without Join, rank {rank} ({n_batches} batches): {result}")
+    else:
+        say("  without Join: skipped on nccl (a timed-out NCCL collective aborts the process)")
+
+    torch.manual_seed(0)
+    ddp_model = DDP(nn.Linear(8, 1).to(device))
+    done = [0]
+    with Join([ddp_model]):  # NEW: a rank that runs out of data shadows the others' all-reduces
+        train(ddp_model, batches, device, done)
+    say_all(f"  with Join, rank {rank}: trained on {done[0]} batches")
+    weights = [torch.empty_like(p) for p in [ddp_model.module.weight] * dist.get_world_size()]
+    dist.all_gather(weights, ddp_model.module.weight.detach())
+    say(f"  with Join: weights identical on all ranks afterwards: {all(torch.equal(w, weights[0]) for w in weights)}")
+
+
+def evaluation(device, rank, world_size):
+    g = torch.Generator().manual_seed(3)
+    n = 9  # not a multiple of the world size: the sampler pads
+    X, y = torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2).to(device).eval()
+    with torch.no_grad():
+        single = (model(X.to(device)).argmax(1) == y.to(device)).sum().item()
+    say(f"  one process, all {n} samples: accuracy {single}/{n} = {single / n:.4f}")
+
+    sampler = DistributedSampler(TensorDataset(X, y), shuffle=False)  # pads to a multiple of world_size
+    indices = list(sampler)
+    say_all(f"  rank {rank} evaluates samples {indices}")
+    loader = DataLoader(TensorDataset(X, y), batch_size=4, sampler=sampler)
+    correct = count = 0
+    correct_real = count_real = 0
+    position = 0  # position in this rank's share: global position position * world_size + rank
+    with torch.no_grad():
+        for xb, yb in loader:
+            right = (model(xb.to(device)).argmax(1) == yb.to(device)).tolist()
+            for r in right:
+                real = position * world_size + rank < n  # False for the padded duplicates
+                correct, count = correct + r, count + 1
+                correct_real, count_real = correct_real + (r and real), count_real + real
+                position += 1
+    accuracies = [None] * world_size
+    dist.all_gather_object(accuracies, correct / count)
+    say(f"  wrong: rank 0's accuracy alone: {accuracies[0]:.4f}")
+    say(f"  wrong: mean of the ranks' accuracies: {sum(accuracies) / world_size:.4f}")
+    totals = torch.tensor([correct, count], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    say(f"  wrong: all-reduced sums with the padding: {int(totals[0])}/{int(totals[1])} = {(totals[0] / totals[1]).item():.4f}")
+    totals = torch.tensor([correct_real, count_real], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    say(f"  right: all-reduced sums without the padding: {int(totals[0])}/{int(totals[1])} = {(totals[0] / totals[1]).item():.4f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args()
+    backend, device = setup()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    say("1. Uneven inputs: rank 0 has 5 batches, rank 1 has 3:")
+    uneven(backend, device, rank)
+    say("2. Evaluation under sampler padding:")
+    evaluation(device, rank, world_size)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
