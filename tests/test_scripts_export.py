@@ -27,3 +27,9 @@ def test_exported_hello_world_runs_under_torchrun():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "OK: every rank holds the sum" in result.stdout
+
+
+def test_every_script_is_described_in_the_folder_readme():
+    readme = (ROOT / "scripts" / "README.md").read_text()
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        assert f"`{path.name}`" in readme, f"scripts/README.md does not describe {path.name}"
