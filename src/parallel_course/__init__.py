@@ -2,13 +2,17 @@
 
 Small modules, each doing what its name says:
 
-- ``launch``        set a notebook up so that ``!torchrun`` cells behave the same everywhere
-- ``machine``       what this machine offers: cores, GPUs, backends, a sensible world size
-- ``costmodel``     predicted step time and speedup of data-parallel training (chapter 01)
-- ``data_parallel`` DataParallel's four steps re-enacted on threads (chapter 02)
-- ``checks``        clear verdicts for lab check cells
-- ``labgen``        labs generated from solutions (nbgrader markers)
-- ``widgets``       thin ipywidgets layers over the functions above
+- ``launch``         set a notebook up for ``!torchrun``; bounded launches for check cells
+- ``machine``        what this machine offers: cores, GPUs, backends, where each rank runs (00)
+- ``costmodel``      predicted step time and speedup of data-parallel training (01)
+- ``data_parallel``  DataParallel's steps re-enacted on threads (02)
+- ``collectives``    ring and naive all-reduce simulated step by step, bytes counted (03)
+- ``model_parallel`` pipeline schedules as data (GPipe, 1F1B), bubble, stage splitting (07)
+- ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
+- ``checks``         clear verdicts for lab check cells
+- ``labgen``         labs generated from solutions (nbgrader markers)
+- ``widgets``, ``ring_widget``, ``pipeline_widget``, ``zero_widget``
+                     thin ipywidgets explorers over the functions above (01/00, 03, 07, 08)
 """
 
 from .launch import setup_notebook
