@@ -35,7 +35,7 @@ lab: $(STAMP)
 	PORT=$$($(BIN)/python -c 'import socket; s = socket.socket(); \
 	  ports = [p for p in range(8888, 8988) if s.connect_ex(("127.0.0.1", p)) != 0]; print(ports[0])'); \
 	ROOT=$$([ "$$(id -u)" = 0 ] && echo --allow-root); \
-	echo; echo "    Open: http://127.0.0.1:$$PORT/lab?token=$$TOKEN"; echo; \
+	echo; echo "    Open: http://127.0.0.1:$$PORT/lab/tree/notebooks/00_setup_check.ipynb?token=$$TOKEN"; echo; \
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$$PORT --ServerApp.port_retries=0 \
 	  --IdentityProvider.token=$$TOKEN $$ROOT --KernelManager.transport_encryption=auto \
 	  --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks/00_setup_check.ipynb
