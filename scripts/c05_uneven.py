@@ -9,6 +9,7 @@
 """
 import argparse
 import os
+import socket
 import sys
 from datetime import timedelta
 
@@ -21,10 +22,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
+def free_port():
+    """A port the operating system says is free (plain `python` runs): never a fixed number."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
     for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]:
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):

@@ -12,6 +12,7 @@ against the unsplit model, and writes each stage's busy intervals to DIR/c07_pip
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -25,10 +26,17 @@ import torch.nn.functional as F
 WIDTH, LAYERS, BATCH = 1024, 8, 256  # about 10 ms of forward per stage and micro-batch at 2 stages
 
 
+def free_port():
+    """A port the operating system says is free (plain `python` runs): never a fixed number."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
     for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]:
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):

@@ -8,6 +8,7 @@ step with each schedule; loss, gradients and weights are compared with the unspl
 import argparse
 import copy
 import os
+import socket
 import sys
 from datetime import timedelta
 
@@ -21,10 +22,17 @@ WIDTH, LAYERS, BATCH, LR = 64, 8, 32, 0.1
 ATOL = 1e-6
 
 
+def free_port():
+    """A port the operating system says is free (plain `python` runs): never a fixed number."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
     for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]:
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
