@@ -5,8 +5,6 @@
 - The git status at the start is kept, so the aftermath tests can tell whether the suite left
   files behind.
 - At the end, the time each notebook took is printed.
-- A notebook cell's failure message carries its output diff, so that ``--only-rerun`` (see
-  pyproject) can recognise gloo's crash at process exit in a ``!torchrun`` cell's output.
 """
 
 import os
@@ -17,20 +15,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from nbval.plugin import NbCellError
 
 ROOT = Path(__file__).resolve().parent
 RUN_MARK = "PARALLEL_COURSE_TEST_RUN"
 AFTERMATH = "tests/test_zz_aftermath.py"
 
 _notebook_seconds: dict[str, float] = defaultdict(float)
-
-
-def _cell_error_text(self) -> str:
-    return f"{self.args[0]}\n{self.inner_traceback or ''}"
-
-
-NbCellError.__str__ = _cell_error_text
 
 
 def git_status() -> str | None:
