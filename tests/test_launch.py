@@ -80,3 +80,33 @@ def test_torchrun_raises_on_a_failed_job_and_on_a_stub(tmp_path):
     stub.write_text("# YOUR CODE HERE\nraise NotImplementedError()\n")
     with pytest.raises(NotImplementedError):
         torchrun(str(stub), nproc=1)
+
+
+def _script_failing_first(tmp_path, message):
+    """A script that writes `message` to stderr and fails on its first run only."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys\n"
+        f"flag = {str(tmp_path / 'ran')!r}\n"
+        "runs = int(open(flag).read()) + 1 if os.path.exists(flag) else 1\n"
+        "open(flag, 'w').write(str(runs))\n"
+        "print('done')\n"
+        f"if runs == 1:\n    sys.stderr.write({message!r} + '\\n')\n    sys.exit(134)\n"
+    )
+    return script
+
+
+def test_the_known_exit_crash_is_run_once_more(tmp_path):
+    from parallel_course.launch import EXIT_CRASH, run_bounded_once_more_on_exit_crash
+
+    script = _script_failing_first(tmp_path, EXIT_CRASH)
+    result = run_bounded_once_more_on_exit_crash([sys.executable, str(script)], timeout=30)
+    assert result.returncode == 0 and (tmp_path / "ran").read_text() == "2"
+
+
+def test_other_failures_are_not_run_again(tmp_path):
+    from parallel_course.launch import run_bounded_once_more_on_exit_crash
+
+    script = _script_failing_first(tmp_path, "ValueError: a real bug")
+    result = run_bounded_once_more_on_exit_crash([sys.executable, str(script)], timeout=30)
+    assert result.returncode == 134 and (tmp_path / "ran").read_text() == "1"

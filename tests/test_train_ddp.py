@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parallel_course.launch import run_bounded
+from parallel_course.launch import run_bounded_once_more_on_exit_crash
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
@@ -33,7 +33,9 @@ def launch(nproc, *args, timeout=90):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(var, None)
-    return run_bounded(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
+    return run_bounded_once_more_on_exit_crash(
+        cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env
+    )
 
 
 @pytest.fixture(scope="module")
