@@ -82,6 +82,19 @@ def test_torchrun_raises_on_a_failed_job_and_on_a_stub(tmp_path):
         torchrun(str(stub), nproc=1)
 
 
+def test_torchrun_restarts_the_job_when_asked(tmp_path):
+    from parallel_course.launch import LaunchFailed, torchrun
+
+    script = tmp_path / "flaky.py"  # fails on the first attempt, succeeds on the restart
+    script.write_text("import os, sys\nif os.environ['TORCHELASTIC_RESTART_COUNT'] == '0': sys.exit('first attempt fails')\n"
+                      "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'])\n")
+    with pytest.raises(LaunchFailed, match="first attempt fails"):
+        torchrun(str(script), nproc=1)
+    assert torchrun(str(script), nproc=1, max_restarts=1) == "attempt 1\n"
+    with pytest.raises(ValueError, match="max_restarts"):
+        torchrun(str(script), max_restarts=-1)
+
+
 def _script_failing_first(tmp_path, message):
     """A script that writes `message` to stderr and fails on its first run only."""
     script = tmp_path / "job.py"

@@ -1,4 +1,4 @@
-"""scripts/train_ddp.py, the reference script exported from notebook 04.
+"""scripts/train_ddp.py, the reference script (chapter 04; exported from its last version, in 09).
 
 - the same final weights (within 1e-5) at world sizes 1 (plain python), 2 and 4 (torchrun)
   with the same global batch, and a well-formed metrics.json whose loss falls;
@@ -82,7 +82,7 @@ def test_bad_argument_from_the_command_line(tmp_path):
     assert result.returncode != 0
     assert result.stdout == ""
     errors = [l for l in result.stderr.splitlines() if "error" in l]
-    assert errors == ["train_ddp.py: error: --epochs, --samples and --global-batch-size must be at least 1"]
+    assert errors == ["train_ddp.py: error: --epochs, --samples, --global-batch-size and --checkpoint-every must be at least 1"]
     assert result.stderr.splitlines()[-1] == errors[0]
     assert not (tmp_path / "out").exists()
 

@@ -1,0 +1,284 @@
+"""scripts/train_ddp.py under faults (chapter 09): crashes, kills, hangs, bad checkpoints.
+
+- a worker that crashes at a random step, or is SIGKILLed from outside at a random moment, under
+  ``torchrun --max-restarts=1``: the job resumes from its checkpoint and its final weights equal
+  the uninterrupted run's, bit for bit (``PARALLEL_COURSE_FAULT_TRIALS`` trials of each, default 2);
+- a hung rank: the others fail within the configured ``--timeout``;
+- two jobs started at the same time on this machine both succeed (no port collision);
+- a checkpoint folder that is a file, a truncated, corrupted or foreign checkpoint: one line on
+  stderr, a non-zero exit, the checkpoint left as it was and no training from scratch;
+- no process a test started outlives it.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from parallel_course.launch import run_bounded_once_more_on_exit_crash
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "train_ddp.py"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+# 4 epochs of 32 steps (global batch 32 of 1024 samples), a checkpoint every 5 steps
+TRAIN = ["--epochs", "4", "--samples", "1024", "--global-batch-size", "32", "--seed", "3",
+         "--checkpoint-every", "5"]
+STEPS = 4 * 1024 // 32
+TRIALS = int(os.environ.get("PARALLEL_COURSE_FAULT_TRIALS", "2"))
+LAUNCH_TIMEOUT = 120  # s: a launch that takes longer is a hang, and is killed
+
+
+def env():
+    e = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
+        e.pop(var, None)
+    return e
+
+
+def torchrun_cmd(*args, restarts=0):
+    return [TORCHRUN, "--standalone", "--nproc_per_node=2", f"--max-restarts={restarts}", str(SCRIPT),
+            *[str(a) for a in args]]
+
+
+def survivors(marker):
+    """Processes whose command line mentions `marker` (a folder unique to one launch)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def weights(out):
+    return torch.load(Path(out) / "final.pt", map_location="cpu", weights_only=True)
+
+
+def assert_bit_equal(reference, out, what):
+    a, b = weights(reference), weights(out)
+    assert a.keys() == b.keys()
+    unequal = {k: (a[k] - b[k]).abs().max().item() for k in a if not torch.equal(a[k], b[k])}
+    assert not unequal, f"{what}: final weights differ from the uninterrupted run: max |dW| {unequal}"
+
+
+class Launch:
+    """torchrun in a session of its own: watched, killed as a group, bounded in time."""
+
+    def __init__(self, cmd, timeout=LAUNCH_TIMEOUT):
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def workers(self):
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        alive = []
+        for c in children:
+            try:
+                if str(SCRIPT) in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(c)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def wait_for_workers(self, n=2):
+        while time.monotonic() < self.deadline:
+            found = self.workers()
+            if len(found) >= n:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise AssertionError(f"{n} workers never appeared")
+
+    def finish(self):
+        try:
+            out, err = self.proc.communicate(timeout=max(1, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError(f"the job did not finish in time; stderr ends:\n{err[-2000:]}")
+        finally:
+            self.kill()
+        return self.proc.returncode, out, err, time.monotonic() - self.start
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run, and how long its workers trained (for choosing kill moments)."""
+    base = tmp_path_factory.mktemp("reference")
+    job = Launch(torchrun_cmd(*TRAIN, "--out", base / "out", "--checkpoint-dir", base / "ckpt"))
+    job.wait_for_workers()
+    seen = time.monotonic()
+    rc, out, err, _ = job.finish()
+    if rc != 0 and "terminate called without an active exception" in err:  # known gloo exit crash
+        pytest.fail("the reference run died of gloo's exit crash: " + err[-500:])
+    assert rc == 0, err[-3000:]
+    return {"out": base / "out", "worker_seconds": time.monotonic() - seen}
+
+
+def trial_rng(request):
+    seed = int(os.environ.get("PARALLEL_COURSE_FAULT_SEED", str(random.SystemRandom().randrange(10**6))))
+    print(f"\n{request.node.name}: PARALLEL_COURSE_FAULT_SEED={seed}")
+    return random.Random(seed), seed
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_crash_at_a_random_step_resumes_exactly(reference, tmp_path, request, trial):
+    rng, seed = trial_rng(request)
+    step, rank = rng.randint(1, STEPS), rng.randint(0, 1)
+    job = Launch(torchrun_cmd(*TRAIN, "--out", tmp_path / "out", "--checkpoint-dir", tmp_path / "ckpt",
+                              "--fail-at-step", step, "--fail-rank", rank, restarts=1))
+    rc, out, err, _ = job.finish()
+    what = f"crash of rank {rank} in step {step} (seed {seed})"
+    assert rc == 0, f"{what}: torchrun exited {rc}:\n{err[-3000:]}"
+    assert f"injected failure: rank {rank} in step {step}" in err, what
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["restarts"] == 1 and metrics["steps"] == STEPS, metrics
+    assert_bit_equal(reference["out"], tmp_path / "out", what)
+    assert not survivors(str(tmp_path)), "processes outlived the job"
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, request, trial):
+    rng, seed = trial_rng(request)
+    delay = rng.uniform(0, 0.8 * reference["worker_seconds"])
+    job = Launch(torchrun_cmd(*TRAIN, "--out", tmp_path / "out", "--checkpoint-dir", tmp_path / "ckpt",
+                              restarts=1))
+    workers = job.wait_for_workers()
+    time.sleep(delay)
+    victim = rng.choice(workers)
+    victim.send_signal(signal.SIGKILL)
+    rc, out, err, _ = job.finish()
+    what = f"SIGKILL of a worker {delay:.2f} s after start (seed {seed})"
+    assert rc == 0, f"{what}: torchrun exited {rc}:\n{err[-3000:]}"
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["restarts"] == 1, f"{what}: the job was not restarted: {metrics}"
+    assert_bit_equal(reference["out"], tmp_path / "out", what)
+    assert not survivors(str(tmp_path)), "processes outlived the job"
+
+
+def test_a_hung_rank_is_an_error_within_the_timeout(tmp_path):
+    timeout = 3
+    job = Launch(torchrun_cmd(*TRAIN, "--out", tmp_path / "out", "--timeout", timeout,
+                              "--fail-at-step", 3, "--fail-rank", 1, "--fail-how", "hang"))
+    job.wait_for_workers()
+    rc, out, err, seconds = job.finish()
+    assert rc != 0, "a hung rank must fail the job"
+    assert f"Timed out waiting {timeout * 1000}ms" in err, err[-3000:]
+    # The hung rank sleeps 10 x timeout: finishing well before that means the timeout fired.
+    assert seconds < 6 * timeout + 15, f"the job took {seconds:.1f} s to fail"
+    assert not survivors(str(tmp_path)), "processes outlived the job"
+
+
+def test_two_jobs_at_once_do_not_collide(tmp_path):
+    results = {}
+
+    def run(name):
+        results[name] = run_bounded_once_more_on_exit_crash(
+            torchrun_cmd(*TRAIN, "--epochs", 1, "--out", tmp_path / name), timeout=LAUNCH_TIMEOUT,
+            cwd=ROOT, env=env())
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, result in results.items():
+        assert result.returncode == 0, f"job {name}:\n{result.stderr[-3000:]}"
+    assert_bit_equal(tmp_path / "a", tmp_path / "b", "two identical jobs at once")
+
+
+def python_run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *[str(a) for a in args]], cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A real checkpoint of a short single-process run, stopped by a crash after step 5."""
+    base = tmp_path_factory.mktemp("ckpt")
+    args = ["--epochs", "1", "--samples", "256", "--global-batch-size", "32", "--checkpoint-every", "5"]
+    result = python_run(*args, "--out", base / "out", "--checkpoint-dir", base / "ckpt", "--fail-at-step", 7)
+    assert result.returncode != 0 and "injected failure" in result.stderr
+    return base / "ckpt" / "last.pt", args
+
+
+def one_line_error(result, *words):
+    """One error line, the last on stderr (argparse may print its usage before it); no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0
+    errors = [l for l in lines if "error" in l.lower()]
+    assert len(errors) == 1 and lines[-1] == errors[0], f"expected one error line, got:\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted", "foreign"])
+def test_a_bad_checkpoint_is_a_one_line_error(checkpoint, tmp_path, damage):
+    good, args = checkpoint
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    data = good.read_bytes()
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "corrupted":
+        data = bytes(b ^ 0x5A for b in data)
+    (ckpt_dir / "last.pt").write_bytes(data)
+    seed = ["--seed", "99"] if damage == "foreign" else []  # a checkpoint of another run
+    result = python_run(*args, *seed, "--out", tmp_path / "out", "--checkpoint-dir", ckpt_dir)
+    one_line_error(result, "checkpoint", "last.pt")
+    assert (ckpt_dir / "last.pt").read_bytes() == data, "the checkpoint was changed"
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["last.pt"], "a new checkpoint was written"
+    assert not (tmp_path / "out" / "final.pt").exists(), "it trained from scratch"
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_a_one_line_error(tmp_path):
+    not_a_dir = tmp_path / "ckpt"
+    not_a_dir.write_text("not a folder")
+    result = python_run("--out", tmp_path / "out", "--checkpoint-dir", not_a_dir)
+    one_line_error(result, "--checkpoint-dir")
+    assert result.returncode == 2 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", [["--checkpoint-every", "0"], ["--timeout", "0"],
+                                 ["--fail-at-step", "0"], ["--fail-at-step", "3", "--fail-rank", "1"]])
+def test_bad_fault_arguments_are_one_line_errors(tmp_path, bad):
+    result = python_run("--out", tmp_path / "out", *bad)
+    one_line_error(result)
+    assert result.returncode == 2 and not (tmp_path / "out").exists()
+
+
+def test_resume_from_a_checkpoint_continues_where_it_stopped(checkpoint, tmp_path):
+    good, args = checkpoint
+    reference = python_run(*args, "--out", tmp_path / "ref")
+    assert reference.returncode == 0, reference.stderr
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    (ckpt_dir / "last.pt").write_bytes(good.read_bytes())
+    resumed = python_run(*args, "--out", tmp_path / "out", "--checkpoint-dir", ckpt_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout and "at step 5" in resumed.stdout, resumed.stdout
+    assert_bit_equal(tmp_path / "ref", tmp_path / "out", "a plain-python resume")
