@@ -2,6 +2,7 @@
 
 Launched as two emulated nodes with one process each (see notebook 04).
 """
+import gc
 import os
 import sys
 from datetime import timedelta
@@ -48,4 +49,6 @@ if rank == 0:
     lines = [f"{'':30}" + "".join(f"{f'RANK={r}':>16}" for r in range(world_size))]
     lines += [f"{key:30}" + "".join(f"{str(rw[key]):>16}" for rw in rows) for key in row]
     sys.stdout.write("\n".join(lines) + "\n")
+del ddp_model, model  # DDP holds the group: release it here, not at exit, where
+gc.collect()  # gloo's threads torn down during interpreter shutdown can abort the process
 dist.destroy_process_group()

@@ -8,6 +8,7 @@
    (written to DIR/c05_buckets.json for a timeline plot).
 """
 import argparse
+import gc
 import json
 import os
 import socket
@@ -164,8 +165,9 @@ def main():
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "c05_buckets.json").write_text(json.dumps(timelines, indent=1))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main()'s DDP/FSDP objects are gone: the group is released here, not at exit,
+    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process

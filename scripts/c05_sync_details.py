@@ -9,6 +9,7 @@
 """
 import argparse
 import contextlib
+import gc
 import os
 import socket
 import sys
@@ -187,8 +188,9 @@ def main():
     unused_parameters(device, rank)
     say("3. Buffers and BatchNorm:")
     buffers(device, rank, world_size)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main()'s DDP/FSDP objects are gone: the group is released here, not at exit,
+    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process

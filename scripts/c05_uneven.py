@@ -8,6 +8,7 @@
    without the padded duplicates.
 """
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -143,8 +144,9 @@ def main():
     uneven(backend, device, rank)
     say("2. Evaluation under sampler padding:")
     evaluation(device, rank, world_size)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main()'s DDP/FSDP objects are gone: the group is released here, not at exit,
+    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process

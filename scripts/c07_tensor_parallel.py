@@ -6,6 +6,7 @@ Every rank builds the same nn.Linear / MLP from a seed and keeps a slice of each
 sharded layers must give the unsplit layers' outputs and gradients (forward and backward).
 """
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -210,8 +211,9 @@ def main():
     check("ColwiseParallel/RowwiseParallel MLP output", out, mlp(x))
     check("its first-layer weight gradient (full tensor)", dt_mlp[0].weight.grad.full_tensor(), mlp[0].weight.grad)
     check("its second-layer weight gradient (full tensor)", dt_mlp[2].weight.grad.full_tensor(), mlp[2].weight.grad)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main()'s DDP/FSDP objects are gone: the group is released here, not at exit,
+    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process

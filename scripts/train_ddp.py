@@ -10,7 +10,7 @@ that crashed and resumed from --checkpoint-dir ends with the same weights as one
 Writes data.pt, final.pt (the model's state_dict) and metrics.json to --out (chapters 04 and 09).
 """
 import argparse
-import gc  # NEW
+import gc
 import itertools  # NEW
 import json
 import os
@@ -243,8 +243,8 @@ def main(argv=None):
     if rank == 0:
         sys.stdout.write(f"rank 0 wrote {args.out / 'final.pt'} and metrics.json; "
                          f"{int(agree.item())} of {world_size} ranks reloaded it: equal to their replica\n")
-    del ddp_model, model, optimizer  # NEW: DDP holds the group: release it here, not at exit, where
-    gc.collect()  # NEW: gloo's threads torn down during interpreter shutdown can abort the process
+    del ddp_model, model, optimizer  # DDP holds the group: release it here, not at exit, where
+    gc.collect()  # gloo's threads torn down during interpreter shutdown can abort the process
     dist.destroy_process_group()
 
 
