@@ -1,0 +1,163 @@
+"""scripts/bench_allreduce.py and scripts/bench_scaling.py (exported from notebook 06) at tiny sizes.
+
+They are benchmarks: here we only check that they run (plain python and torchrun), that their
+JSON is well-formed and consistent, and that they follow the reference-script contract
+(--help, one-line errors). No timing is asserted.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from parallel_course.launch import run_bounded_once_more_on_exit_crash
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLREDUCE = ROOT / "scripts" / "bench_allreduce.py"
+SCALING = ROOT / "scripts" / "bench_scaling.py"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def launch(script, nproc, *args, timeout=90):
+    """`python script` for nproc=None, else `torchrun --standalone --nproc_per_node=nproc script`."""
+    cmd = [sys.executable, str(script)] if nproc is None else [
+        TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    return run_bounded_once_more_on_exit_crash(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TINY_ALLREDUCE = ["--min-bytes", "1K", "--max-bytes", "16K", "--factor", "4", "--warmup", "1", "--iters", "3"]
+
+
+def test_allreduce_under_torchrun_both_implementations(tmp_path):
+    out = tmp_path / "ar.json"
+    result = launch(ALLREDUCE, 2, *TINY_ALLREDUCE, "--impl", "both", "--json", out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "impl=torch" in result.stdout and "impl=ring" in result.stdout
+    assert result.stdout.count("# alpha-beta fit: ") == 2  # fitted, or why not (latency-bound sizes)
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2 and report["backend"] in ("gloo", "nccl")
+    assert report["results_checked"] is True
+    assert set(report["impls"]) == {"torch", "ring"}
+    for impl in report["impls"].values():
+        assert [r["bytes"] for r in impl["sizes"]] == [1024, 4096, 16384]
+        for r in impl["sizes"]:
+            assert r["count"] == r["bytes"] // 4 and r["time_s"] > 0
+            assert math.isclose(r["algbw_bytes_per_s"], r["bytes"] / r["time_s"])
+            assert math.isclose(r["busbw_bytes_per_s"], r["algbw_bytes_per_s"] * 2 * (2 - 1) / 2)
+        assert set(impl["fit"]) == {"alpha_s", "beta_bytes_per_s"}
+
+
+def test_allreduce_as_plain_python_and_quiet(tmp_path):
+    out = tmp_path / "sub" / "ar.json"
+    result = launch(ALLREDUCE, None, *TINY_ALLREDUCE, "--impl", "ring", "--json", out, "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("\n") == 1 and "1 ranks" in result.stdout and "results checked: OK" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 1
+    assert all(r["busbw_bytes_per_s"] == 0 for r in report["impls"]["ring"]["sizes"])  # nothing moves
+    assert report["impls"]["ring"]["fit"] is None
+
+
+def test_scaling_whole_comparison(tmp_path):
+    """--nproc-list 1,2: one process and DDP on 1 in this process, DDP on 2 through torchrun."""
+    out = tmp_path / "sc.json"
+    result = launch(SCALING, None, "--model", "both", "--global-batch-size", "8", "--steps", "2",
+                    "--warmup", "1", "--nproc-list", "1,2", "--timeout", "60", "--json", out, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "thread(s) per process" in result.stdout and "#configuration" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["threads_per_process"] == 1 or report["device"] == "cuda"
+    assert set(report["models"]) == {"small", "compute"}
+    for m in report["models"].values():
+        assert m["global_batch"] == 8 and m["parameters"] > 0
+        assert len(m["one_process"]["times"]) == 2  # bracketed: one step before torchrun, one after
+        assert m["one_process"]["speedup"] == 1.0
+        if report["gpus"] < 2:
+            assert "GPUs" in m["data_parallel"]["skipped"]
+        assert set(m["ddp"]) == {"1", "2"}
+        for n, r in m["ddp"].items():
+            assert r["step_s"] > 0 and r["compute_s"] > 0 and r["comm_s"] > 0
+            assert math.isclose(r["samples_per_s"], 8 / r["step_s"])
+            assert math.isclose(r["efficiency"], r["speedup"] / int(n))
+        two = m["ddp"]["2"]
+        assert math.isclose(two["overlap"], (two["compute_s"] + two["comm_s"] - two["step_s"]) / two["comm_s"])
+        assert m["ddp"]["1"]["overlap"] is None
+
+
+@pytest.mark.parametrize("script, options", [
+    (ALLREDUCE, ["--min-bytes", "--max-bytes", "--impl", "--json", "--iters", "--quiet"]),
+    (SCALING, ["--model", "--nproc-list", "--threads", "--json", "--global-batch-size", "--quiet"]),
+])
+def test_help(script, options, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load(script).parse_args(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in options:
+        assert option in out
+
+
+def test_bad_argument_from_the_command_line():
+    result = launch(SCALING, None, "--steps", "0", timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    errors = [l for l in result.stderr.splitlines() if "error" in l]
+    assert errors == ["bench_scaling.py: error: --steps and --threads must be at least 1, --warmup at least 0"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--min-bytes", "2"], "need 4 <= --min-bytes"),
+    (["--min-bytes", "1M", "--max-bytes", "1K"], "need 4 <= --min-bytes"),
+    (["--max-bytes", "lots"], "not a size"),
+    (["--factor", "1"], "--factor must be at least 2"),
+    (["--iters", "0"], "--iters and --threads >= 1"),
+    (["--impl", "tree"], "invalid choice"),
+])
+def test_allreduce_bad_arguments(args, message, capsys):
+    module = load(ALLREDUCE)
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(args)
+    assert exit_info.value.code == 2
+    errors = [l for l in capsys.readouterr().err.splitlines() if "error" in l]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_allreduce_sizes_parse():
+    module = load(ALLREDUCE)
+    assert module.size_arg("64M") == 64 * 2**20
+    assert module.size_arg("1K") == module.size_arg("1kb") == 1024
+    assert module.size_arg("4096") == 4096
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--global-batch-size", "7", "--nproc-list", "1,2"], {}, "not divisible by 2"),
+    (["--nproc-list", "1,x"], {}, "--nproc-list takes process counts"),
+    (["--nproc-list", "0,2"], {}, "at least 1"),
+    (["--nproc-list", "1,2"], {"RANK": "0", "WORLD_SIZE": "2"}, "run it with plain python"),
+    (["--model", "huge"], {}, "invalid choice"),
+    (["--bucket-cap-mb", "0"], {}, "must be positive"),
+])
+def test_scaling_bad_arguments(args, env, message, capsys, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    module = load(SCALING)
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(args)
+    assert exit_info.value.code == 2
+    errors = [l for l in capsys.readouterr().err.splitlines() if "error" in l]
+    assert len(errors) == 1 and message in errors[0]
