@@ -1,0 +1,183 @@
+"""scripts/cluster/: the SLURM batch script and the Kubernetes manifest (chapter 10).
+
+No cluster here, so:
+- the batch script passes ``bash -n`` and runs end to end with stand-ins for ``srun`` and
+  ``scontrol``: two emulated nodes on this machine (one torchrun agent each, c10d rendezvous),
+  training ``scripts/train_ddp.py`` to the weights a one-process run reaches;
+- the manifest parses; both pods run the same torchrun command, the one the course teaches; its
+  script arguments are accepted by ``train_ddp.py``; GPUs requested = processes per node;
+  checkpoints go to a shared volume.
+"""
+
+import importlib.util
+import os
+import re
+import shlex
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import yaml
+
+from parallel_course.launch import run_bounded
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / "scripts" / "cluster"
+SBATCH = CLUSTER / "train_ddp.sbatch"
+MANIFEST = CLUSTER / "pytorchjob.yaml"
+
+SRUN = """#!/bin/bash
+# Stand-in for srun: start the command once per node (one task per node), wait for all.
+while [[ "$1" == --* ]]; do shift; done  # srun's own options
+pids=()
+for ((i = 0; i < SLURM_NNODES; i++)); do
+    SLURM_NODEID=$i SLURM_PROCID=$i "$@" > "$SRUN_LOG_DIR/node$i.log" 2>&1 &
+    pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+exit $rc
+"""
+SCONTROL = """#!/bin/bash
+# Stand-in for `scontrol show hostnames`: every emulated node is this machine.
+for ((i = 0; i < SLURM_NNODES; i++)); do echo 127.0.0.1; done
+"""
+
+
+@pytest.fixture(scope="module")
+def train_ddp():
+    spec = importlib.util.spec_from_file_location("train_ddp_for_cluster_tests", ROOT / "scripts" / "train_ddp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_batch_script_syntax():
+    result = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def srun_command(text):
+    """The srun ... torchrun ... command of the batch script, as a list of words."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    line = next(l for l in joined.splitlines() if l.lstrip().startswith("srun "))
+    return shlex.split(line)
+
+
+def test_batch_script_runs_the_course_command():
+    words = srun_command(SBATCH.read_text())
+    torchrun = words.index("torchrun")
+    options = words[torchrun + 1:words.index("scripts/train_ddp.py")]
+    assert "--rdzv-backend=c10d" in options
+    assert any(o.startswith("--rdzv-endpoint=$HEAD_NODE:$RDZV_PORT") for o in options)
+    assert any(o.startswith("--max-restarts=") for o in options), "a crash should restart the job"
+    assert any(o.startswith("--nnodes=$SLURM_NNODES") for o in options)
+    assert not any(re.search(r"port=\d", o) or re.search(r":\d{4,5}$", o) for o in options), "a fixed port"
+    assert "--checkpoint-dir" in words
+
+
+def free_port_for_job_id():
+    """A free port p in [20000, 40000) and a job id for which the batch script derives p."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if 20000 <= port < 40000:
+            return port, 7 * 20000 + (port - 20000)
+    for port in range(39999, 20000, -1):  # the OS hands out ports above 40000 only: look below
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port, 7 * 20000 + (port - 20000)
+    pytest.skip("no free port between 20000 and 40000")
+
+
+def test_batch_script_runs_end_to_end_on_two_emulated_nodes(tmp_path, train_ddp):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IXUSR)
+    port, job_id = free_port_for_job_id()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RANK", "LOCAL_", "WORLD_SIZE", "MASTER_", "TORCHELASTIC"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+               SLURM_JOB_ID=str(job_id), SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]",
+               SLURM_JOB_NAME="train-ddp", SLURM_GPUS_ON_NODE="1", SRUN_LOG_DIR=str(tmp_path),
+               CKPT_DIR=str(tmp_path / "ckpt"), OUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1")
+    result = run_bounded(["bash", str(SBATCH)], timeout=120, cwd=ROOT, env=env)
+    logs = "".join((tmp_path / f"node{i}.log").read_text() for i in range(2) if (tmp_path / f"node{i}.log").exists())
+    assert result.returncode == 0, result.stdout + result.stderr + logs[-3000:]
+    assert f"rendezvous at 127.0.0.1:{port}" in result.stdout
+    assert "world_size=2" in logs and "2 of 2 ranks reloaded it" in logs
+    assert (tmp_path / "ckpt" / "last.pt").exists()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+    # The same training in one process, without SLURM: the same weights (up to summation order).
+    words = srun_command(SBATCH.read_text())
+    rest = words[words.index("scripts/train_ddp.py") + 1:]
+    train_args = [w for i, w in enumerate(rest)  # without the flags whose values come from SLURM
+                  if not w.startswith("$") and not (i + 1 < len(rest) and rest[i + 1].startswith("$"))]
+    one = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_ddp.py"), *train_args,
+                          "--out", str(tmp_path / "one")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**env, "PATH": os.environ["PATH"]})
+    assert one.returncode == 0, one.stderr
+    a = torch.load(tmp_path / "out" / "final.pt", weights_only=True)
+    b = torch.load(tmp_path / "one" / "final.pt", weights_only=True)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def job():
+    return yaml.safe_load(MANIFEST.read_text())
+
+
+def containers(job):
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    return {role: spec["template"]["spec"]["containers"][0] for role, spec in specs.items()}
+
+
+def option(args, name):
+    return next(a.split("=", 1)[1] for a in args if a.startswith(name + "="))
+
+
+def test_manifest_is_a_pytorchjob_with_master_and_workers(job):
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert set(specs) == {"Master", "Worker"} and specs["Master"]["replicas"] == 1
+    pods = sum(spec["replicas"] for spec in specs.values())
+    for c in containers(job).values():
+        assert int(option(c["args"], "--nnodes")) == pods, "--nnodes must equal the number of pods"
+
+
+def test_every_pod_runs_the_same_course_command(job, train_ddp, monkeypatch):
+    master, worker = containers(job)["Master"], containers(job)["Worker"]
+    assert master["command"] == worker["command"] == ["torchrun"]
+    assert master["args"] == worker["args"]
+    args = master["args"]
+    assert option(args, "--rdzv-backend") == "c10d"
+    assert option(args, "--rdzv-endpoint") == "$(MASTER_ADDR):$(MASTER_PORT)", "the operator's address, no fixed port"
+    assert int(option(args, "--max-restarts")) >= 1
+    script = args.index("scripts/train_ddp.py")
+    world_size = int(option(args, "--nnodes")) * int(option(args, "--nproc_per_node"))
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    parsed = train_ddp.parse_args(args[script + 1:])  # exits (fails the test) on an unknown flag
+    assert parsed.checkpoint_dir is not None
+
+
+def test_gpus_volumes_and_shared_checkpoints(job):
+    for role, c in containers(job).items():
+        assert int(c["resources"]["limits"]["nvidia.com/gpu"]) == int(option(c["args"], "--nproc_per_node")), role
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        ckpt = option(c["args"], "--checkpoint-dir")
+        mount = next(p for p in mounts if ckpt.startswith(p + "/"))
+        volumes = {v["name"]: v for v in job["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]["volumes"]}
+        assert "persistentVolumeClaim" in volumes[mounts[mount]], "checkpoints on a volume every pod shares"
+        assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
