@@ -65,3 +65,15 @@ def test_placement_explorer_follows_its_sliders():
     assert "rank 1: cpu (gloo)" in w.result.value
     w.gpus.value = 4
     assert "rank 1: cuda:1 (nccl)" in w.result.value
+
+
+def test_versions_name_the_environment_without_an_absolute_path(capsys):
+    machine.versions()
+    out = capsys.readouterr().out
+    assert "the course's .venv" in out or "environment" in out
+    assert "/" not in out.splitlines()[0], "the interpreter's path would carry the author's folders"
+    assert "torch threads in this kernel:" in out
+
+
+def test_environment_name_tells_the_course_venv_from_others(tmp_path):
+    assert machine.environment_name(str(tmp_path)) != "the course's .venv"

@@ -1,4 +1,5 @@
-"""The conventions every notebook keeps (COURSE.md), and the explorers reacting to their controls."""
+"""The conventions every notebook keeps (opening, closing, kernel, ignored outputs; see the
+instructor guide, notebooks/README.md), and the explorers reacting to their controls."""
 
 from pathlib import Path
 

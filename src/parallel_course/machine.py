@@ -6,6 +6,7 @@ import os
 import platform
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -124,10 +125,27 @@ def report(m: Machine | None = None) -> None:
         print("- " + line)
 
 
+def environment_name(prefix: str | None = None) -> str:
+    """Which Python environment runs this: the course's ``.venv`` or another one.
+
+    Says it in words a student can compare with their own machine, never as an absolute path
+    (which would carry the author's user and folder names into stored outputs).
+    """
+    prefix_path = Path(prefix or sys.prefix).resolve()
+    course_venv = (Path(__file__).resolve().parents[2] / ".venv").resolve()
+    if prefix_path == course_venv:
+        return "the course's .venv"
+    if os.environ.get("CONDA_DEFAULT_ENV"):
+        return f"conda environment {os.environ['CONDA_DEFAULT_ENV']!r}"
+    return "a Python environment outside the course's .venv"
+
+
 def versions() -> None:
+    """Python and torch versions, the environment, and the threads this kernel computes with."""
     m = describe()
-    print(f"python {m.python} ({sys.executable})")
+    print(f"python {m.python} ({environment_name()})")
     print(f"torch  {m.torch}" + (f" (CUDA {m.cuda_build})" if m.cuda_build else " (CPU build)"))
+    print(f"torch threads in this kernel: {torch.get_num_threads()}")
 
 
 def placement(num_gpus: int, world_size: int, backends: dict[str, bool] | None = None) -> list[str]:

@@ -1,0 +1,49 @@
+"""Stored outputs show what a student can compare with their own run, never the author's machine.
+
+Absolute paths (a home folder, a checkout under /work, /tmp, a user name in a path) would tell a
+student nothing and leak where the outputs were made; relative paths (``work/...``,
+``../scripts/...``) are fine.
+"""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(
+    [*(ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")]
+)
+# An absolute path into a home folder, a root account, a CI workspace or a temporary folder.
+ABSOLUTE = re.compile(r"(?<![\w.])/(home|root|Users|work|tmp|private|var/folders|opt|mnt)/[\w.-]+")
+
+
+def output_texts(nb) -> list[str]:
+    texts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                texts.append(out["text"])
+            for key, value in out.get("data", {}).items():
+                if key.startswith("text/") and isinstance(value, str):
+                    texts.append(value)
+            texts.extend(out.get("traceback", []))
+    return texts
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}/{p.stem}" for p in NOTEBOOKS])
+def test_no_absolute_paths_in_stored_outputs(path):
+    found = sorted(
+        {m.group(0) for text in output_texts(nbformat.read(path, as_version=4)) for m in ABSOLUTE.finditer(text)}
+    )
+    assert not found, f"{path.name} stores absolute paths in its outputs: {found[:5]}"
+
+
+def test_the_scan_finds_what_it_looks_for():
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(sys.executable)")
+    cell.outputs = [nbformat.v4.new_output("stream", text="python 3.11 (/home/alice/course/.venv/bin/python)\n")]
+    nb.cells.append(cell)
+    assert any(ABSOLUTE.search(t) for t in output_texts(nb))
+    assert not ABSOLUTE.search("wrote work/c04/final.pt and ../scripts/train_ddp.py")
