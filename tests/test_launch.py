@@ -34,12 +34,16 @@ def test_run_bounded_returns_output_and_exit_code():
     assert (result.returncode, result.stdout) == (3, "hi\n")
 
 
-def test_run_bounded_kills_the_whole_process_group_on_timeout(tmp_path):
+@pytest.mark.parametrize("own_session", [False, True], ids=["same-group", "own-session"])
+def test_run_bounded_kills_the_launcher_and_its_workers_on_timeout(tmp_path, own_session):
+    """A worker in the launcher's process group, or in a session of its own as torchrun starts
+    its workers: both must die with the launcher."""
     pidfile = tmp_path / "grandchild.pid"
     # A child that starts a grandchild and then both sleep: a hung launcher and its worker.
     code = (
         "import subprocess, sys, time;"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        f" start_new_session={own_session});"
         f"open({str(pidfile)!r}, 'w').write(str(p.pid));"
         "time.sleep(60)"
     )

@@ -6,23 +6,12 @@ import time
 import psutil
 import pytest
 
-from conftest import RUN_MARK, git_status
+from conftest import RUN_MARK, git_status, marked_processes
 
 
 def survivors() -> list[psutil.Process]:
     """Processes other than this one that carry this test run's mark, orphans included."""
-    mark = os.environ[RUN_MARK]
-    me = os.getpid()
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
-        try:
-            if proc.environ().get(RUN_MARK) == mark:
-                found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            pass
-    return found
+    return marked_processes(os.environ[RUN_MARK])
 
 
 def test_no_process_outlives_the_suite():

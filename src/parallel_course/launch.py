@@ -59,10 +59,26 @@ def run_bounded(cmd: list[str], timeout: float, **kwargs) -> subprocess.Complete
 
 
 def _kill_group(pgid: int) -> None:
+    """Kill a launcher's process group and every descendant, wherever its session.
+
+    Killing the group alone is not enough: torchrun starts each worker in a session of its own,
+    so a killed torchrun would leave its workers running as orphans.
+    """
+    try:
+        import psutil
+
+        descendants = psutil.Process(pgid).children(recursive=True)
+    except Exception:  # already gone, or psutil missing: the group kill below still runs
+        descendants = []
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for proc in descendants:
+        try:
+            proc.kill()
+        except Exception:  # psutil.NoSuchProcess and friends: it ended on its own
+            pass
 
 
 # A worker that has finished its work can still die at exit with this libstdc++ message (gloo's

@@ -1,0 +1,111 @@
+"""Stopping a run half-way leaves no process behind.
+
+A CI time-out sends SIGTERM to the suite's process group; a person presses Ctrl-C (SIGINT); a
+student interrupts a notebook cell while ``!torchrun`` runs. In every case the launcher and its
+workers must go too, although launches run in sessions of their own (so that a bounded launch can
+kill a launcher together with its workers) and would otherwise outlive the process that started
+them.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import RUN_MARK, marked_processes
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+# Two workers that say they have started, then wait far longer than any test.
+SLEEPER = """\
+import os, pathlib, time
+pathlib.Path(os.environ["READY_DIR"], "rank" + os.environ["RANK"]).touch()
+time.sleep(600)
+"""
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def fresh_env(tmp_path: Path) -> tuple[dict, str]:
+    mark = uuid.uuid4().hex  # this inner run's own mark, so only its processes are counted
+    env = dict(os.environ, OMP_NUM_THREADS="1", READY_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    env[RUN_MARK] = mark
+    return env, mark
+
+
+def assert_nothing_left(mark: str, spare: set[int] = frozenset()) -> None:
+    def left():
+        return [p for p in marked_processes(mark) if p.pid not in spare and p.is_running()
+                and p.status() != "zombie"]
+
+    try:
+        wait_for(lambda: not left(), timeout=30, what="the launch's processes to end")
+    finally:
+        for proc in left():
+            proc.kill()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stopping_the_suite_stops_its_launches(tmp_path, signum):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    (tmp_path / "test_launch_and_wait.py").write_text(textwrap.dedent(f"""\
+        from parallel_course.launch import run_bounded
+
+        def test_a_long_launch():
+            run_bounded([{TORCHRUN!r}, "--standalone", "--nproc_per_node=2", "sleeper.py"], timeout=600)
+        """))
+    env, mark = fresh_env(tmp_path)
+    # The course's conftest as a plugin, on a test folder of its own.
+    suite = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-c", os.devnull,
+         "--rootdir", str(tmp_path), "-q", "test_launch_and_wait.py"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("rank*"))) == 2 or suite.poll() is not None,
+                 timeout=180, what="both workers to start")
+        assert suite.poll() is None, suite.stdout.read()
+        os.killpg(suite.pid, signum)  # as a CI time-out (SIGTERM) or Ctrl-C (SIGINT) would
+        out, _ = suite.communicate(timeout=120)
+        assert suite.returncode != 0, out
+        assert_nothing_left(mark)
+    finally:
+        if suite.poll() is None:
+            os.killpg(suite.pid, signal.SIGKILL)
+
+
+def test_interrupting_a_cell_stops_its_torchrun(tmp_path):
+    from jupyter_client.manager import start_new_kernel
+
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    env, mark = fresh_env(tmp_path)
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
+    try:
+        msg_id = kc.execute(f"!{TORCHRUN} --standalone --nproc_per_node=2 sleeper.py")
+        wait_for(lambda: len(list(tmp_path.glob("rank*"))) == 2, timeout=180, what="both workers to start")
+        km.interrupt_kernel()  # what JupyterLab's stop button does
+        deadline = time.monotonic() + 120
+        while True:  # the cell ends: its execute_reply arrives
+            reply = kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        kernel = km.provisioner.process.pid
+        assert_nothing_left(mark, spare={kernel})
+        assert km.is_alive(), "the kernel itself must survive an interrupt"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
