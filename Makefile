@@ -1,6 +1,8 @@
 # Parallel PyTorch - the two commands a student needs:
-#   make lab    create .venv if missing, install, start JupyterLab on 127.0.0.1 with a token
-#   make test   create .venv if missing, install, run the whole test suite
+#   make lab        create .venv if missing, install, start JupyterLab on 127.0.0.1 with a token
+#   make test       create .venv if missing, install, run the whole test suite
+# On a machine with NVIDIA GPUs, also:
+#   make test-gpu   only the GPU tests (nccl, cuda): they skip, saying why, without enough GPUs
 # Everything else here is for authors and instructors.
 
 PYTHON ?= python3
@@ -12,10 +14,10 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # Keep the course's pip quiet about its own version; never ask questions.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test slides labs scripts outputs check-python clean help
+.PHONY: lab test test-gpu slides labs scripts outputs check-python clean help
 
 help:
-	@sed -n '2,5p' Makefile
+	@sed -n '2,7p' Makefile
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null || { \
@@ -42,6 +44,10 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The nccl paths the CPU suite cannot reach (tests/test_gpu.py; -rs prints why a test skipped).
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -m gpu tests/test_gpu.py -v -rs
 
 # Instructors: every lecture notebook as an offline reveal.js deck in build/slides/
 # (reveal.js and MathJax come from the npm registry once; the decks then need no network).

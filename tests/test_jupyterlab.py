@@ -1,14 +1,23 @@
-"""A student's view: JupyterLab in a real browser runs a lecture notebook.
+"""A student's view: JupyterLab in a real browser runs the course's notebooks.
 
 JupyterLab starts from the course environment on 127.0.0.1 with a token and isolated Jupyter
-config/data/runtime folders, on a copy of the notebook (so nothing in the checkout changes).
-Headless Chromium opens it, waits for the kernel, runs all cells, and checks that printed output
-and a `!torchrun` cell's output appear, that an ipywidgets slider renders, and that moving it
-with the keyboard changes what the notebook shows. Screenshots go to build/test-artifacts/.
+config/data/runtime/settings folders, on copies of notebooks (so nothing in the checkout
+changes). Headless Chromium opens a notebook, waits for the kernel, runs all cells and waits
+until every cell has run (its prompt shows a number: the kernel's status alone reads "Idle" for
+a moment between two cells). Then:
+
+- chapter 00 as it is: printed output and a `!torchrun` cell's output appear, and moving the
+  placement slider with the keyboard changes the kernel-computed placement;
+- every explorer of the course (00, 01, 03, 07, 08), taken verbatim from its lecture: moving one
+  control changes what the kernel computes and shows (text or figure), not just the slider.
+
+Waits are conditions with generous deadlines, so a loaded machine makes the test slower, never
+red. Screenshots go to build/test-artifacts/.
 """
 
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -18,12 +27,45 @@ import time
 import urllib.request
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from browser import ARTIFACTS, ROOT, chromium_or_skip, is_local, launch
 from parallel_course.launch import _kill_group
 
 NOTEBOOK = "00_setup_check.ipynb"
+EXPLORERS = "explorers.ipynb"
+# Each explorer: the lecture it lives in, the call that builds it, the control the test moves.
+EXPLORER_CELLS = [
+    ("00_setup_check.ipynb", "placement_explorer(", "processes"),
+    ("01_why_parallel.ipynb", "cost_model_explorer(", "workers N"),
+    ("03_processes_and_collectives.ipynb", "ring_allreduce_explorer(", "ranks N"),
+    ("07_model_and_pipeline_parallelism.ipynb", "pipeline_explorer(", "micro-batches m"),
+    ("08_sharding_zero_fsdp.ipynb", "zero_calculator(", "ranks N"),
+]
+EXPLORER_IMPORTS = """\
+import torch
+
+from parallel_course.pipeline_widget import pipeline_explorer
+from parallel_course.ring_widget import ring_allreduce_explorer
+from parallel_course.widgets import cost_model_explorer, placement_explorer
+from parallel_course.zero_widget import zero_calculator
+"""
+# Long enough for a busy two-core machine; a healthy run takes a fraction of it.
+SLOW = 180_000  # ms
+
+
+def explorer_notebook() -> nbformat.NotebookNode:
+    """One notebook holding every lecture's explorer cell, verbatim, after the imports they need."""
+    cells = [nbformat.v4.new_code_cell(EXPLORER_IMPORTS)]
+    for lecture, call, _ in EXPLORER_CELLS:
+        source = [c.source for c in nbformat.read(ROOT / "notebooks" / lecture, as_version=4).cells
+                  if c.cell_type == "code" and call in c.source]
+        assert len(source) == 1, f"{lecture}: expected one cell calling {call}, found {len(source)}"
+        cells.append(nbformat.v4.new_code_cell(source[0]))
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
 
 
 def free_port() -> int:
@@ -39,9 +81,14 @@ def jupyterlab(tmp_path):
     served = tmp_path / "course"
     served.mkdir()
     shutil.copy(ROOT / "notebooks" / NOTEBOOK, served)
-    jupyter = {name: tmp_path / name for name in ("config", "data", "runtime")}
+    nbformat.write(explorer_notebook(), served / EXPLORERS)
+    jupyter = {name: tmp_path / name for name in ("config", "data", "runtime", "settings")}
     for d in jupyter.values():
         d.mkdir()
+    # Render every cell, also those scrolled out of view, so the test can see every prompt.
+    tracker = jupyter["settings"] / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text(json.dumps({"windowingMode": "none"}))
     # No "news" toast over the notebook in a fresh profile.
     (jupyter["config"] / "labconfig").mkdir()
     (jupyter["config"] / "labconfig" / "page_config.json").write_text(json.dumps(
@@ -49,6 +96,7 @@ def jupyterlab(tmp_path):
     ))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(jupyter["config"]),
                JUPYTER_DATA_DIR=str(jupyter["data"]), JUPYTER_RUNTIME_DIR=str(jupyter["runtime"]),
+               JUPYTERLAB_SETTINGS_DIR=str(jupyter["settings"]),
                PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     port, token = free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
@@ -82,6 +130,44 @@ def jupyterlab(tmp_path):
         log.close()
 
 
+def open_and_run_all(page, base: str, token: str, name: str):
+    """Open a notebook, run all cells, and return its panel once every code cell has run."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{base}/lab/tree/{name}?token={token}")
+    # Kernel connected and idle before "Run All", or a kernel dialog appears or nothing runs.
+    expect(page.get_by_text("| Idle").first).to_be_visible(timeout=SLOW)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+    notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+    code_cells = notebook.locator(".jp-CodeCell")
+    expect(code_cells.first).to_be_visible(timeout=SLOW)
+    ran = notebook.locator(".jp-CodeCell .jp-InputPrompt").filter(has_text=re.compile(r"\[\d+\]"))
+    expect(ran).to_have_count(code_cells.count(), timeout=SLOW)
+    expect(page.get_by_text("| Idle").first).to_be_visible(timeout=SLOW)
+    return notebook
+
+
+def computed_view(output):
+    """What the kernel computed in an explorer's output: its HTML texts and its images."""
+    texts = output.locator(".widget-html-content").all_inner_texts()
+    # An `interactive` shows its function's result in an output area nested in the widget.
+    texts += output.locator(".widget-output .jp-OutputArea-output").all_inner_texts()
+    images = [img.get_attribute("src") for img in output.locator("img").all()]
+    return texts, images
+
+
+def move_slider(page, output, label: str) -> None:
+    """Move the slider named ``label`` one step with the keyboard, as a student would."""
+    from playwright.sync_api import expect
+
+    handle = output.locator(".widget-hslider", has_text=label).locator(".noUi-handle").first
+    expect(handle).to_be_visible(timeout=SLOW)
+    handle.scroll_into_view_if_needed()
+    handle.focus()
+    page.keyboard.press("ArrowLeft")
+
+
 def test_a_student_runs_a_notebook_in_jupyterlab(jupyterlab):
     from playwright.sync_api import expect, sync_playwright
 
@@ -92,29 +178,47 @@ def test_a_student_runs_a_notebook_in_jupyterlab(jupyterlab):
         browser = launch(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("request", lambda r: None if is_local(r.url) else outside.append(r.url))
-        page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}")
-        # Kernel connected and idle before "Run All", or nothing runs.
-        expect(page.get_by_text("| Idle").first).to_be_visible(timeout=90_000)
-        page.get_by_role("menuitem", name="Run", exact=True).click()
-        page.get_by_text("Run All Cells", exact=True).click()
+        notebook = open_and_run_all(page, base, token, NOTEBOOK)
 
-        # Printed output, and the output of a `!torchrun` cell (the last kind of cell to finish).
-        notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        expect(notebook.locator(".jp-OutputArea-output").first).to_be_visible(timeout=60_000)
-        expect(notebook.get_by_text("OK: every rank holds the sum").first).to_be_visible(timeout=180_000)
-        expect(page.get_by_text("| Idle").first).to_be_visible(timeout=180_000)
+        # Printed output, and the output of a `!torchrun` cell.
+        expect(notebook.locator(".jp-OutputArea-output").first).to_be_visible()
+        expect(notebook.get_by_text("OK: every rank holds the sum").first).to_be_visible()
 
-        # An ipywidgets slider renders; moving it with the keyboard changes the display.
+        # The placement slider: 2 -> 3 processes, and the kernel recomputes the placement.
         slider = notebook.locator(".widget-hslider", has_text="processes").locator(".noUi-handle").first
-        expect(slider).to_be_visible(timeout=30_000)
-        slider.scroll_into_view_if_needed()
         view = slider.locator("xpath=ancestor::div[contains(@class,'jp-OutputArea-output')]")
         expect(view).to_contain_text("rank 1: cpu")
         expect(view).not_to_contain_text("rank 2:")
+        slider.scroll_into_view_if_needed()
         slider.focus()
-        page.keyboard.press("ArrowRight")  # 2 -> 3 processes: the kernel recomputes the placement
-        expect(view).to_contain_text("rank 2: ", timeout=20_000)
+        page.keyboard.press("ArrowRight")
+        expect(view).to_contain_text("rank 2: ", timeout=SLOW)
         page.screenshot(path=str(ARTIFACTS / "jupyterlab_widget.png"))
         browser.close()
-    errors = [u for u in outside]
-    assert not errors, f"JupyterLab made requests that leave the machine: {errors}"
+    assert not outside, f"JupyterLab made requests that leave the machine: {outside}"
+
+
+def test_every_explorer_follows_its_control_in_jupyterlab(jupyterlab):
+    from playwright.sync_api import expect, sync_playwright
+
+    base, token, _ = jupyterlab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        notebook = open_and_run_all(page, base, token, EXPLORERS)
+        outputs = notebook.locator(".jp-CodeCell").locator(".jp-OutputArea-output")
+        expect(outputs).to_have_count(len(EXPLORER_CELLS), timeout=SLOW)
+        for i, (lecture, call, label) in enumerate(EXPLORER_CELLS):
+            output = outputs.nth(i)
+            expect(output.locator(".noUi-handle").first).to_be_visible(timeout=SLOW)
+            before = computed_view(output)
+            output.scroll_into_view_if_needed()
+            assert any(before[0]) or before[1], f"{lecture}: the explorer shows nothing computed"
+            move_slider(page, output, label)
+            deadline = time.monotonic() + SLOW / 1000
+            while computed_view(output) == before:  # the kernel's answer arrives
+                assert time.monotonic() < deadline, f"{lecture}: moving {label!r} changed nothing"
+                page.wait_for_timeout(250)
+            page.screenshot(path=str(ARTIFACTS / f"explorer_{lecture[:2]}.png"))
+        browser.close()

@@ -1,0 +1,419 @@
+"""The GPU paths (nccl, cuda:LOCAL_RANK) that a CPU-only run of the suite cannot reach.
+
+Every test here but the last few carries the ``gpu`` marker and skips, saying why, where CUDA
+or nccl is missing or there are fewer GPUs than it needs. On a GPU machine: ``make test-gpu``.
+
+1. scripts/train_ddp.py at world size = GPU count (nccl) ends with the weights of one process
+   with the same global batch;
+2. scripts/bench_allreduce.py measures a positive bus bandwidth on nccl (dist.all_reduce and
+   the course's ring);
+3. scripts/c06_amp_profile.py trains with float16 autocast + GradScaler under DDP on nccl and
+   clips the unscaled gradients (unscale_ first, then clip_grad_norm_: M17);
+4. SyncBatchNorm under DDP on nccl leaves the same running statistics on every rank, those of
+   one BatchNorm over the whole global batch (and scripts/c05_sync_details.py runs on nccl);
+5. real nn.DataParallel on the GPUs gives the outputs and gradients of the course's re-enactment
+   on threads (parallel_course.data_parallel), with the same chunks;
+6. scripts/c09_debug.py's two demos (a collective mismatch under TORCH_DISTRIBUTED_DEBUG=DETAIL,
+   a stuck rank named by monitored_barrier) work on nccl.
+
+The unmarked tests at the end run everywhere: they keep the marker and the skip logic honest.
+Every launch runs in tmp_path, with OMP_NUM_THREADS=1, bounded by run_bounded (which kills the
+launcher and its workers together); torchrun --standalone picks a free port each time.
+"""
+
+import copy
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from parallel_course import data_parallel as dp
+from parallel_course.launch import run_bounded_once_more_on_exit_crash
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+CUDA = torch.cuda.is_available()
+GPUS = torch.cuda.device_count() if CUDA else 0
+NCCL = torch.distributed.is_available() and torch.distributed.is_nccl_available()
+
+
+def gpu_skip_reason(needed: int, cuda: bool, gpus: int, nccl: bool) -> str | None:
+    """Why a test that needs ``needed`` GPUs cannot run here, or None if it can."""
+    if not cuda:
+        return (f"needs CUDA, and torch {torch.__version__} sees none here: "
+                "run on a machine with NVIDIA GPUs (make test-gpu)")
+    if not nccl:
+        return f"needs nccl, and this torch {torch.__version__} build has none"
+    if gpus < needed:
+        return f"needs at least {needed} CUDA GPUs, found {gpus}"
+    return None
+
+
+def needs_gpus(n: int):
+    """Marks a test ``gpu`` and skips it, with the reason, where fewer than n GPUs (or no nccl)."""
+    reason = gpu_skip_reason(n, CUDA, GPUS, NCCL)
+
+    def mark(test):
+        test = pytest.mark.skipif(reason is not None, reason=reason or "runs here")(test)
+        return pytest.mark.gpu(test)
+
+    return mark
+
+
+def launch(cmd: list, cwd: Path, timeout: float, **extra_env) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in ``cwd`` as a fresh job would (no inherited rank variables), bounded."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra_env}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RESTART_COUNT", "TORCH_DISTRIBUTED_DEBUG"):
+        if var not in extra_env:
+            env.pop(var, None)
+    try:
+        return run_bounded_once_more_on_exit_crash([str(c) for c in cmd], timeout=timeout, cwd=cwd, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish within {timeout} s; its last words:\n"
+                    f"{(e.stderr or '')[-3000:]}")
+
+
+def torchrun(nproc: int, script, *args, cwd: Path, timeout: float = 240, **extra_env):
+    return launch([TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, *args],
+                  cwd, timeout, **extra_env)
+
+
+def python(script, *args, cwd: Path, timeout: float = 240, **extra_env):
+    return launch([sys.executable, script, *args], cwd, timeout, **extra_env)
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    """The job's standard output; fails the test with the end of its errors if it failed."""
+    assert result.returncode == 0, f"exit code {result.returncode}:\n{result.stderr[-4000:]}"
+    return result.stdout
+
+
+# --------------------------------------------------------------------------- 1. train_ddp.py
+
+
+@needs_gpus(1)
+def test_train_ddp_on_nccl_equals_one_process(tmp_path):
+    """World size = GPU count under torchrun vs plain python, the same global batch."""
+    global_batch = 8 * GPUS  # 8 per rank
+    args = ["--epochs", "3", "--global-batch-size", global_batch, "--samples", 8 * global_batch,
+            "--seed", "1", "--lr", "0.05"]  # samples a multiple of the global batch: no padding
+    one = ok(python(SCRIPTS / "train_ddp.py", *args, "--out", tmp_path / "one", cwd=tmp_path))
+    many = ok(torchrun(GPUS, SCRIPTS / "train_ddp.py", *args, "--out", tmp_path / "many", cwd=tmp_path))
+    assert "backend=nccl device=cuda world_size=1 " in one, one
+    assert f"backend=nccl device=cuda world_size={GPUS} " in many, many
+    assert f"{GPUS} of {GPUS} ranks reloaded it: equal to their replica" in many, many
+
+    w1, wn = (torch.load(tmp_path / d / "final.pt", map_location="cpu", weights_only=True)
+              for d in ("one", "many"))
+    assert w1.keys() == wn.keys() == {"linear.weight", "linear.bias"}
+    diff = max((w1[k] - wn[k]).abs().max().item() for k in w1)
+    # float32 on GPUs: nccl's reduction order and cuBLAS kernels differ from one process's.
+    assert diff <= 1e-4, f"{GPUS} ranks vs one process: max |dW| = {diff:.3g} > 1e-4"
+
+    m1, mn = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "many"))
+    assert (m1["world_size"], mn["world_size"]) == (1, GPUS)
+    assert m1["global_batch_size"] == mn["global_batch_size"] == global_batch
+    assert m1["steps"] == mn["steps"] == 3 * 8
+    assert mn["loss"] == pytest.approx(m1["loss"], rel=1e-4), "the logged loss is the global mean"
+    assert mn["loss"][-1] < mn["loss"][0] / 2, f"the loss should fall: {mn['loss']}"
+
+
+# --------------------------------------------------------------------------- 2. bench_allreduce.py
+
+
+@needs_gpus(2)
+def test_bench_allreduce_on_nccl(tmp_path):
+    out = tmp_path / "ar.json"
+    stdout = ok(torchrun(GPUS, SCRIPTS / "bench_allreduce.py", "--min-bytes", "1K", "--max-bytes", "64K",
+                         "--factor", "4", "--warmup", "2", "--iters", "5", "--impl", "both", "--json", out,
+                         cwd=tmp_path, timeout=180))
+    assert f"# all_reduce: {GPUS} ranks, backend=nccl device=cuda" in stdout, stdout
+    report = json.loads(out.read_text())
+    assert (report["world_size"], report["backend"], report["device"]) == (GPUS, "nccl", "cuda")
+    assert report["results_checked"] is True, "an all-reduce on nccl gave a wrong sum"
+    assert set(report["impls"]) == {"torch", "ring"}
+    bus_factor = 2 * (GPUS - 1) / GPUS
+    for name, impl in report["impls"].items():
+        assert [r["bytes"] for r in impl["sizes"]] == [1024, 4096, 16384, 65536]
+        for r in impl["sizes"]:
+            assert r["time_s"] > 0 and math.isfinite(r["time_s"]), (name, r)
+            assert r["busbw_bytes_per_s"] > 0, f"{name}: no bus bandwidth at {r['bytes']} bytes: {r}"
+            assert math.isclose(r["busbw_bytes_per_s"], r["bytes"] / r["time_s"] * bus_factor)
+
+
+# --------------------------------------------------------------------------- 3. c06: AMP + GradScaler
+
+# Runs scripts/c06_amp_profile.py unchanged, with GradScaler.unscale_ and clip_grad_norm_
+# recording each call: the order, the loss scale, and the gradient norm that clipping saw.
+AMP_RECORDER = '''
+import json, os, runpy, sys
+from pathlib import Path
+
+import torch
+
+events_dir, script = Path(sys.argv[1]), sys.argv[2]
+events = []
+unscale_, clip_grad_norm_ = torch.amp.GradScaler.unscale_, torch.nn.utils.clip_grad_norm_
+
+
+def recording_unscale_(self, optimizer):
+    events.append({"call": "unscale_", "enabled": self.is_enabled(), "scale": float(self.get_scale())})
+    return unscale_(self, optimizer)
+
+
+def recording_clip_grad_norm_(parameters, *args, **kwargs):
+    norm = clip_grad_norm_(parameters, *args, **kwargs)  # the total norm before clipping
+    events.append({"call": "clip_grad_norm_", "norm": float(norm)})
+    return norm
+
+
+torch.amp.GradScaler.unscale_ = recording_unscale_
+torch.nn.utils.clip_grad_norm_ = recording_clip_grad_norm_
+sys.argv = [script, *sys.argv[3:]]
+runpy.run_path(script, run_name="__main__")
+(events_dir / f"events_rank{os.environ['RANK']}.json").write_text(json.dumps(events))
+'''
+
+
+@needs_gpus(1)
+def test_c06_amp_float16_with_grad_scaler_on_nccl(tmp_path):
+    steps = 20
+    recorder = tmp_path / "amp_recorder.py"
+    recorder.write_text(AMP_RECORDER)
+    out = tmp_path / "out"
+    stdout = ok(torchrun(GPUS, recorder, tmp_path, SCRIPTS / "c06_amp_profile.py", "--out", out,
+                         "--steps", steps, cwd=tmp_path, timeout=300))
+    assert (f"DDP + AMP: {GPUS} ranks, backend=nccl device=cuda, autocast dtype=float16, "
+            "GradScaler on") in stdout, stdout
+    assert f"loss fell over {steps} steps: yes; replicas identical: yes" in stdout, stdout
+    launches = re.search(r"(\d+) all-reduce launches per step", stdout)
+    assert launches and int(launches.group(1)) >= 1, f"no all-reduce seen by the profiler:\n{stdout}"
+    assert (out / "c06_trace_rank0.json").stat().st_size > 0
+    assert json.loads((out / "c06_profile_ops.json").read_text()), "no operators in the profile"
+
+    for rank in range(GPUS):
+        events = json.loads((tmp_path / f"events_rank{rank}.json").read_text())
+        calls = [e["call"] for e in events]
+        assert calls == ["unscale_", "clip_grad_norm_"] * steps, f"rank {rank}: M17, calls in order: {calls}"
+        pairs = list(zip(events[::2], events[1::2], strict=True))
+        assert all(u["enabled"] and u["scale"] > 1 for u, _ in pairs), f"rank {rank}: GradScaler off? {pairs}"
+        # A skipped step (inf/NaN gradients, the scale then halves) has no finite norm to judge.
+        finite = [(u["scale"], c["norm"]) for u, c in pairs if math.isfinite(c["norm"])]
+        assert len(finite) >= steps // 2, f"rank {rank}: most steps overflowed: {pairs}"
+        # Clipping saw the true gradient (norm well below 1 for this model), not one multiplied
+        # by the loss scale (65536 at the start): a clip before unscale_ would see ~1e4.
+        for scale, norm in finite:
+            assert norm < scale / 100, f"rank {rank}: clip_grad_norm_ saw norm {norm:.3g} at scale {scale:g}"
+
+
+# --------------------------------------------------------------------------- 4. SyncBatchNorm
+
+SYNC_BN = '''
+"""DDP on nccl with SyncBatchNorm, then with plain BatchNorm: each rank's running statistics."""
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def model():  # the test builds the same one (seed 0) as its single-process reference
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def running_stats(sync, batches, device):
+    """Every rank's BatchNorm (running_mean, running_var) after DDP steps on its share."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    net = nn.SyncBatchNorm.convert_sync_batchnorm(model()) if sync else model()
+    ddp = DDP(net.to(device), device_ids=[device.index])
+    for batch in batches:  # the global batch: each rank takes its contiguous share
+        share = len(batch) // world
+        ddp(batch[rank * share:(rank + 1) * share].to(device)).sum().backward()
+    bn = net[1]
+    mine = torch.stack([bn.running_mean, bn.running_var])
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return type(bn).__name__, [t.cpu().tolist() for t in every]
+
+
+def main():
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", timeout=timedelta(seconds=60))
+    batches = torch.load(sys.argv[1], weights_only=True)
+    result = {"backend": dist.get_backend(), "world_size": dist.get_world_size()}
+    for key, sync in (("sync", True), ("plain", False)):
+        result[key + "_class"], result[key] = running_stats(sync, batches, device)
+    if dist.get_rank() == 0:
+        with open(sys.argv[2], "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def sync_bn_batches(world_size, steps=3, share=16):
+    """Global batches whose per-rank shares sit apart (rank r's around 3r): local statistics differ."""
+    g = torch.Generator().manual_seed(1)
+    offset = 3.0 * torch.arange(world_size).repeat_interleave(share)[:, None]
+    return [torch.randn(world_size * share, 4, generator=g) + offset for _ in range(steps)]
+
+
+@needs_gpus(2)
+def test_sync_batch_norm_same_running_stats_on_every_rank(tmp_path):
+    batches = sync_bn_batches(GPUS)
+    torch.save(batches, tmp_path / "batches.pt")
+    (tmp_path / "sync_bn.py").write_text(SYNC_BN)
+    ok(torchrun(GPUS, tmp_path / "sync_bn.py", tmp_path / "batches.pt", tmp_path / "stats.json",
+                cwd=tmp_path, timeout=180))
+    result = json.loads((tmp_path / "stats.json").read_text())
+    assert (result["backend"], result["world_size"]) == ("nccl", GPUS)
+    assert (result["sync_class"], result["plain_class"]) == ("SyncBatchNorm", "BatchNorm1d")
+
+    sync = torch.tensor(result["sync"])  # (rank, mean/var, feature)
+    assert all(torch.equal(sync[r], sync[0]) for r in range(GPUS)), f"ranks differ: {sync}"
+    # The reference: one process, plain BatchNorm, the whole global batch at every step.
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+    for batch in batches:
+        reference(batch)
+    expected = torch.stack([reference[1].running_mean, reference[1].running_var]).detach()
+    torch.testing.assert_close(sync[0], expected, rtol=1e-4, atol=1e-5)
+
+    plain = torch.tensor(result["plain"])  # the negative control: each rank's own statistics
+    assert not torch.allclose(plain[0], plain[1], atol=1e-3), "plain BatchNorm: ranks should differ"
+
+
+@needs_gpus(2)
+def test_c05_sync_details_on_nccl(tmp_path):
+    stdout = ok(torchrun(GPUS, SCRIPTS / "c05_sync_details.py", cwd=tmp_path, timeout=180))
+    assert "SyncBatchNorm on cuda: ran" in stdout, stdout
+    for config in ("no_sync, loss / accum_steps", "no no_sync, loss / accum_steps"):
+        line = next(s for s in stdout.splitlines() if s.strip().startswith(config + " "))
+        assert line.endswith("gradient vs the large batch: equal within 1e-06"), line
+    assert "find_unused_parameters=True: 3 steps ok" in stdout, stdout
+    assert ("mean and variance equal the whole batch's within 1e-05: True") in stdout, stdout
+
+
+# --------------------------------------------------------------------------- 6. c09_debug.py
+
+
+@needs_gpus(2)
+def test_c09_collective_mismatch_named_on_nccl(tmp_path):
+    stdout = ok(torchrun(2, SCRIPTS / "c09_debug.py", "mismatch", "--out-dir", tmp_path, cwd=tmp_path,
+                         timeout=120, TORCH_DISTRIBUTED_DEBUG="DETAIL"))
+    assert "rank 0: Detected mismatch between collectives on ranks." in stdout, stdout
+    assert "TensorShape=[4]" in stdout and "TensorShape=[5]" in stdout, stdout
+
+
+@needs_gpus(2)
+def test_c09_stuck_rank_named_on_nccl(tmp_path):
+    stdout = ok(torchrun(2, SCRIPTS / "c09_debug.py", "stuck", "--out-dir", tmp_path, cwd=tmp_path,
+                         timeout=120))
+    assert "rank 0: " in stdout and "Rank 1 failed to pass monitoredBarrier" in stdout, stdout
+    stack = (tmp_path / "c09_stack_rank1.txt").read_text()
+    assert "in load_batch" in stack, f"faulthandler should show rank 1 in load_batch():\n{stack}"
+
+
+# --------------------------------------------------------------------------- 5. nn.DataParallel
+# (last: it is the one test that initialises CUDA in this process)
+
+
+@needs_gpus(2)
+def test_data_parallel_on_gpus_equals_the_course_re_enactment():
+    devices = [f"cuda:{k}" for k in range(GPUS)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5)).to("cuda:0")
+    course_model = copy.deepcopy(model)
+    x, y = torch.randn(100, 10, device="cuda:0"), torch.randn(100, 5, device="cuda:0")
+    chunks = []  # (device index, chunk size) of every replica's forward
+    hook = model.register_forward_hook(lambda m, inputs, out: chunks.append((inputs[0].device.index, len(inputs[0]))))
+    out = nn.DataParallel(model, device_ids=list(range(GPUS)))(x)
+    hook.remove()
+    loss = F.mse_loss(out, y)
+    loss.backward()
+    course = dp.data_parallel_step(course_model, x, y, F.mse_loss, devices)
+
+    sizes = dp.chunk_sizes(100, GPUS)
+    assert sorted(chunks) == list(enumerate(sizes)), "DataParallel split the batch otherwise"
+    assert course.chunk_sizes == sizes
+    assert out.device == course.outputs.device == torch.device("cuda:0")  # gathered on device 0
+    torch.testing.assert_close(course.outputs, out.detach())
+    torch.testing.assert_close(course.loss, loss.detach())
+    grads = dict(model.named_parameters())
+    for name, p in course_model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, msg=lambda m, name=name: f"{name}: {m}")
+    # and both are one full-batch step on one GPU
+    _, ref_loss, ref_grads = dp.full_batch_step(model, x, y, F.mse_loss)
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-5, atol=1e-6)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name].grad, g, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- everywhere: the guards
+
+CPU_TESTS = {"test_gpu_marker_is_registered", "test_every_gpu_test_is_marked_and_guarded",
+             "test_skip_reasons", "test_gpu_selection_collects_exactly_the_gpu_tests"}
+
+
+def all_tests():
+    """This module's test functions by name."""
+    return {name: fn for name, fn in globals().items() if name.startswith("test_") and callable(fn)}
+
+
+def test_gpu_marker_is_registered(pytestconfig):
+    markers = [line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")]
+    assert "gpu" in markers, f"register the gpu marker in pyproject.toml; registered: {markers}"
+
+
+def test_every_gpu_test_is_marked_and_guarded():
+    tests = all_tests()
+    assert CPU_TESTS <= tests.keys()
+    for name, fn in tests.items():
+        marks = {m.name: m for m in getattr(fn, "pytestmark", [])}
+        if name in CPU_TESTS:
+            assert "gpu" not in marks, f"{name} runs everywhere: no gpu marker"
+            continue
+        assert "gpu" in marks, f"{name}: mark it with @needs_gpus(n)"
+        skip = marks.get("skipif")
+        assert skip is not None and skip.kwargs["reason"], f"{name}: no skip condition"
+        if not CUDA:  # here: each one skips, saying why
+            assert skip.args == (True,) and "needs CUDA" in skip.kwargs["reason"], name
+
+
+def test_skip_reasons():
+    assert "needs CUDA" in gpu_skip_reason(1, cuda=False, gpus=0, nccl=False)
+    assert "make test-gpu" in gpu_skip_reason(2, cuda=False, gpus=0, nccl=False)
+    assert "needs nccl" in gpu_skip_reason(1, cuda=True, gpus=1, nccl=False)
+    assert gpu_skip_reason(2, cuda=True, gpus=1, nccl=True) == "needs at least 2 CUDA GPUs, found 1"
+    assert gpu_skip_reason(2, cuda=True, gpus=2, nccl=True) is None
+    assert gpu_skip_reason(1, cuda=True, gpus=1, nccl=True) is None
+
+
+def test_gpu_selection_collects_exactly_the_gpu_tests():
+    """`pytest -m gpu` (make test-gpu) collects every GPU test and none of these guards."""
+    result = launch([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                     Path(__file__).relative_to(ROOT)], ROOT, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    collected = {line.split("::", 1)[1].split("[")[0] for line in result.stdout.splitlines() if "::" in line}
+    assert collected == all_tests().keys() - CPU_TESTS, result.stdout
+    assert f"{len(CPU_TESTS)} deselected" in result.stdout, result.stdout
