@@ -30,6 +30,9 @@ $(BIN)/python: | check-python
 # Re-install whenever the dependency list changes.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
+	@# No "news" toast over the first notebook: set in the course's environment, not in $$HOME.
+	@$(BIN)/jupyter labextension disable --level=sys_prefix \
+	  @jupyterlab/apputils-extension:announcements >/dev/null 2>&1
 	@touch $@
 
 lab: $(STAMP)

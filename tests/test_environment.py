@@ -4,6 +4,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,3 +46,17 @@ def test_every_dependency_says_where_it_is_used():
 
 def test_torch_is_pinned_to_the_version_of_the_stored_outputs():
     assert "torch==2.13.0" in pyproject_deps()
+
+
+def test_jupyterlab_opens_without_a_news_toast_in_the_course_venv():
+    """``make`` turns JupyterLab's announcements off in the course's environment (not in $HOME),
+    so a fresh profile opens the first notebook with nothing in the way."""
+    import json
+    import sys
+
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.skip("not the course's .venv (made by make): nothing of ours to check")
+    config = Path(sys.prefix) / "etc" / "jupyter" / "labconfig" / "page_config.json"
+    assert config.exists(), f"{config} is missing: run make again"
+    disabled = json.loads(config.read_text()).get("disabledExtensions", {})
+    assert disabled.get("@jupyterlab/apputils-extension:announcements") is True
