@@ -23,7 +23,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-WIDTH, LAYERS, BATCH = 1024, 8, 256  # about 10 ms of forward per stage and micro-batch at 2 stages
+WIDTH, LAYERS, BATCH = 1024, 8, 256  # big enough that computing, not messaging, fills a stage's time
+TIMEOUT = timedelta(seconds=30)  # a hung send or receive becomes an error, not a 30-minute wait
 
 
 def free_port():
@@ -44,7 +45,7 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    dist.init_process_group(backend, timeout=TIMEOUT)
     return device
 
 
@@ -83,8 +84,8 @@ def one_f_one_b(n_stages, m):
     return orders
 
 
-def run_step(stage_model, order, x, y, m, device):
-    """Follow `order` for one training step.
+def run_step(stage_model, order, x, y, m, device, groups):
+    """Follow `order` for one training step; activations travel on groups["F"], gradients on groups["B"].
 
     Returns this stage's busy intervals (start, end, "F3"/"B3"/"L3" for the loss) and the most
     micro-batches whose activations it held at once.
@@ -95,11 +96,11 @@ def run_step(stage_model, order, x, y, m, device):
     shape = (len(xs[0]), WIDTH)
     stash, sends, busy, peak = {}, [], [], 0
 
-    def timed(label, fn):
+    def timed(label, fn, *args):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        result = fn()
+        result = fn(*args)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         busy.append((start, time.perf_counter(), label))
@@ -111,25 +112,25 @@ def run_step(stage_model, order, x, y, m, device):
                 inp = xs[i].to(device)
             else:
                 inp = torch.empty(shape, device=device)
-                dist.recv(inp, src=rank - 1, tag=i)                  # the previous stage's output
+                dist.recv(inp, src=rank - 1, group=groups["F"], tag=i)  # the previous stage's output
                 inp.requires_grad_()
-            out = timed(f"F{i}", lambda: stage_model(inp))
+            out = timed(f"F{i}", stage_model, inp)
             if last:
-                out = timed(f"L{i}", lambda: F.mse_loss(out, ys[i].to(device)) / m)  # the loss
+                out = timed(f"L{i}", lambda o, t: F.mse_loss(o, t) / m, out, ys[i].to(device))  # the loss
             else:
-                sends.append(dist.isend(out.detach(), dst=rank + 1, tag=i))
+                sends.append(dist.isend(out.detach(), dst=rank + 1, group=groups["F"], tag=i))
             stash[i] = (inp, out)                                    # kept until B of i
             peak = max(peak, len(stash))
         else:
             inp, out = stash.pop(i)
             if last:
-                timed(f"B{i}", lambda: out.backward())
+                timed(f"B{i}", out.backward)
             else:
                 grad = torch.empty_like(out)
-                dist.recv(grad, src=rank + 1, tag=m + i)              # d loss / d output
-                timed(f"B{i}", lambda: out.backward(grad))
+                dist.recv(grad, src=rank + 1, group=groups["B"], tag=i)  # d loss / d output
+                timed(f"B{i}", out.backward, grad)
             if not first:
-                sends.append(dist.isend(inp.grad, dst=rank - 1, tag=m + i))
+                sends.append(dist.isend(inp.grad, dst=rank - 1, group=groups["B"], tag=i))
     for request in sends:
         request.wait()
     return busy, peak
@@ -167,6 +168,10 @@ def main():
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if LAYERS % world_size:
         parser.error(f"{LAYERS} layers cannot be split into {world_size} equal stages")
+    # Activations and gradients travel on two process groups. Within one group, nccl runs the
+    # sends and receives between two ranks in order on one stream, where a stage's send of an
+    # activation and its receive of a gradient (1F1B interleaves them) could wait for each other.
+    groups = {"F": dist.new_group(timeout=TIMEOUT), "B": dist.new_group(timeout=TIMEOUT)}
     m = args.microbatches
     schedules = {"naive": (1, gpipe(world_size, 1)), "gpipe": (m, gpipe(world_size, m)),
                  "1f1b": (m, one_f_one_b(world_size, m))}
@@ -193,7 +198,7 @@ def main():
         for repeat in range(warmup + args.repeats):
             stage_model.zero_grad()
             dist.barrier()
-            busy, peak = run_step(stage_model, orders[rank], x, y, n_micro, device)
+            busy, peak = run_step(stage_model, orders[rank], x, y, n_micro, device, groups)
             diff = max((p.grad.cpu() - e).abs().max().item()
                        for p, e in zip(stage_model.parameters(), expected))
             everything = [None] * world_size

@@ -51,7 +51,7 @@ def say(text):
 
 def check(what, got, expected):
     """Compare on every rank; rank 0 prints one verdict for all of them."""
-    diff = torch.tensor([(got.detach() - expected.detach()).abs().max().item()])
+    diff = torch.tensor([(got.detach() - expected.detach()).abs().max().item()], device=got.device)  # nccl: on the GPU
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     if diff.item() <= ATOL:
         say(f"PASS {what}: max |difference| <= {ATOL:g}")
@@ -157,7 +157,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
     device = setup()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    world_size = dist.get_world_size()
     say(f"{world_size} ranks, backend={dist.get_backend()} device={device.type}")
     torch.manual_seed(0)
     x = torch.randn(BATCH, IN, device=device)

@@ -6,7 +6,6 @@ Each rank builds the whole model from the same seed, keeps only its stage, and t
 step with each schedule; loss, gradients and weights are compared with the unsplit model.
 """
 import argparse
-import copy
 import gc
 import os
 import socket

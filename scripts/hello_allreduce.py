@@ -29,7 +29,7 @@ def main():
     dist.all_gather_object(lines, line)
     if rank == 0:
         sys.stdout.write(f"backend={backend} device={device.type}\n" + "\n".join(lines) + "\n")
-        ok = all(f"gave {expected:g} " in l for l in lines)
+        ok = all(f"gave {expected:g} " in line for line in lines)
         sys.stdout.write("OK: every rank holds the sum\n" if ok else "MISMATCH\n")
     dist.destroy_process_group()
 

@@ -40,6 +40,23 @@ def test_one_f_one_b_order_and_peaks():
     assert mp.peak_activations("1f1b", 4, 2) == [2, 2, 2, 1]
 
 
+@pytest.mark.parametrize("p", range(1, 9))
+def test_peaks_per_stage_and_when_1f1b_holds_as_much_as_gpipe(p):
+    for m in range(1, 3 * p + 2):
+        assert mp.peak_activations("gpipe", p, m) == [m] * p
+        assert mp.peak_activations("1f1b", p, m) == [min(p - s, m) for s in range(p)]
+        # chapter 07: 1F1B's peak (stage 0) equals GPipe's exactly when m <= p
+        assert (max(mp.peak_activations("1f1b", p, m)) == m) == (m <= p)
+
+
+def test_a_bubble_under_ten_percent_needs_m_above_9_times_p_minus_1():
+    # chapter 07: (p-1)/(m+p-1) < 0.1 <=> m > 9(p-1); 8 stages need m >= 64, m = 63 gives 10 %
+    assert mp.bubble_fraction(8, 63) == pytest.approx(0.1)
+    assert mp.bubble_fraction(8, 64) < 0.1
+    for p in range(2, 9):
+        assert min(m for m in range(1, 1000) if mp.bubble_fraction(p, m) < 0.1) == 9 * (p - 1) + 1
+
+
 def test_grid():
     rows = mp.grid(mp.schedule("gpipe", 2, 2))
     assert rows == [["F0", "F1", "", "", "B0", "B1"], ["", "F0", "F1", "B0", "B1", ""]]

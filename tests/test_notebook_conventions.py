@@ -53,7 +53,8 @@ def test_explorers_follow_their_controls():
     assert ring.view.value != before and ring.step.max == 2 * (5 - 1)
 
     zero = zero_calculator(n_ranks=64)
-    before = zero.result
-    ranks = next(w for w in zero.children if getattr(w, "description", "") == "ranks N")
+    before = (zero.result.value, zero.plot.value)
+    ranks = zero.controls["n_ranks"]
     ranks.value = ranks.options[0]
-    assert zero.kwargs["n_ranks"] == ranks.options[0] and zero.result is not before
+    assert zero.kwargs["n_ranks"] == ranks.options[0]
+    assert zero.result.value != before[0] and zero.plot.value != before[1]

@@ -1,11 +1,13 @@
 """A ZeRO memory calculator: sliders over ``memory.per_rank_breakdown``.
 
-``zero_calculator()`` is an ``ipywidgets.interactive`` whose function *returns* a figure (it
-prints nothing), so a notebook cell that shows it stores the same text every time; ``summary``
-gives the same numbers as plain lines for a normal cell.
+``zero_calculator()`` follows the pattern of the course's other explorers (controls -> plain
+functions -> the values of an ``Image`` and an ``HTML`` widget): ``draw`` makes the figure,
+``summary`` the same numbers as aligned lines, which a normal cell can also print.
 """
 
 from __future__ import annotations
+
+import io
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
@@ -74,23 +76,57 @@ def draw(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed
     return fig
 
 
+class ZeroCalculator(widgets.VBox):
+    """Sliders for the parameter count, N, precision and device memory -> the memory per rank of
+    every ZeRO stage, as a figure (``draw``) and aligned lines (``summary``).
+
+    Like the course's other explorers, it updates the *values* of an ``Image`` and an ``HTML``
+    widget: nothing goes through an ``Output`` widget, so the figure is there from the start
+    and a notebook cell that shows the calculator stores the same text every time.
+    """
+
+    def __init__(self, params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed",
+                 gpu_gb: float = 80.0):
+        style = {"description_width": "160px"}
+        common = dict(style=style, layout=widgets.Layout(width="480px"), continuous_update=False)
+        self.controls = {
+            "params_billion": widgets.FloatLogSlider(
+                value=params_billion, base=10, min=-1, max=3, step=0.05,
+                description="parameters (billions)", readout_format=".3g", **common),
+            "n_ranks": widgets.SelectionSlider(
+                options=RANKS, value=n_ranks, description="ranks N", **common),
+            "precision": widgets.ToggleButtons(
+                options=[("mixed (2+2+12)", "mixed"), ("fp32 (4+4+8)", "fp32")], value=precision,
+                description="precision", style=style),
+            "gpu_gb": widgets.FloatSlider(
+                value=gpu_gb, min=8, max=192, step=8, description="device memory (GB)",
+                readout_format=".0f", **common),
+        }
+        self.plot = widgets.Image(format="png")
+        self.result = widgets.HTML()
+        for control in self.controls.values():
+            control.observe(self._update, names="value")
+        super().__init__([*self.controls.values(), self.plot, self.result])
+        self._update()
+
+    @property
+    def kwargs(self) -> dict:
+        """The current settings, as keyword arguments of ``summary`` and ``draw``."""
+        return {name: control.value for name, control in self.controls.items()}
+
+    def _update(self, change=None) -> None:
+        self.result.value = f"<pre>{summary(**self.kwargs)}</pre>"
+        buffer = io.BytesIO()
+        draw(**self.kwargs).savefig(buffer, format="png", metadata={"Software": None})
+        self.plot.value = buffer.getvalue()
+
+    def __repr__(self) -> str:
+        kw = self.kwargs
+        return (f"ZeroCalculator(params_billion={kw['params_billion']:g}, n_ranks={kw['n_ranks']}, "
+                f"precision={kw['precision']!r}, gpu_gb={kw['gpu_gb']:g})")
+
+
 def zero_calculator(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed",
-                    gpu_gb: float = 80.0) -> widgets.interactive:
-    """Sliders for the parameter count, N, precision and device memory; returns a figure."""
-    style = {"description_width": "160px"}
-    layout = widgets.Layout(width="480px")
-    common = dict(style=style, layout=layout, continuous_update=False)
-    return widgets.interactive(
-        draw,
-        params_billion=widgets.FloatLogSlider(
-            value=params_billion, base=10, min=-1, max=3, step=0.05,
-            description="parameters (billions)", readout_format=".3g", **common),
-        n_ranks=widgets.SelectionSlider(
-            options=RANKS, value=n_ranks, description="ranks N", **common),
-        precision=widgets.ToggleButtons(
-            options=[("mixed (2+2+12)", "mixed"), ("fp32 (4+4+8)", "fp32")], value=precision,
-            description="precision", style=style),
-        gpu_gb=widgets.FloatSlider(
-            value=gpu_gb, min=8, max=192, step=8, description="device memory (GB)",
-            readout_format=".0f", **common),
-    )
+                    gpu_gb: float = 80.0) -> ZeroCalculator:
+    """Sliders for the parameter count, N, precision and device memory; a figure and a table."""
+    return ZeroCalculator(params_billion, n_ranks, precision, gpu_gb)
