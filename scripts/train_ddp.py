@@ -1,12 +1,13 @@
-"""Train seed 003's model with DistributedDataParallel, and survive crashes: the reference script.
+"""Train a linear regression with DistributedDataParallel, and survive crashes: the reference script.
 
     python train_ddp.py --out work/run1                                     # one process
     torchrun --standalone --nproc_per_node=4 train_ddp.py --out work/run4   # four processes
     torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py \\
         --out work/run --checkpoint-dir work/ckpt --checkpoint-every 4      # resumes after a crash
 
-The same --global-batch-size and --seed give the same final weights at every world size; a run
-that crashed and resumed from --checkpoint-dir ends with the same weights as one that did not.
+The same --global-batch-size and --seed give the same final weights at every world size (up to
+float rounding); a run that crashed and resumed from --checkpoint-dir ends with the same weights,
+bit for bit, as one that did not.
 Writes data.pt, final.pt (the model's state_dict) and metrics.json to --out (chapters 04 and 09).
 """
 import argparse
@@ -32,7 +33,7 @@ CHECKPOINT = "last.pt"  # NEW: the one file a restart resumes from
 RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # NEW: 0, then 1, 2, ... after restarts
 
 
-class SimpleModel(nn.Module):  # seed 003's model: one linear layer
+class SimpleModel(nn.Module):  # one linear layer: 10 inputs, 1 output
     def __init__(self, input_dim=10, output_dim=1):
         super().__init__()
         self.linear = nn.Linear(input_dim, output_dim)
@@ -43,7 +44,6 @@ class SimpleModel(nn.Module):  # seed 003's model: one linear layer
 
 def make_data(samples, seed):
     """A regression the model can learn: y = X @ w_true + 0.5 + noise, fixed by the seed."""
-    # (Seed 003 drew new random inputs at every access, for a constant target 1.0.)
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(samples, 10, generator=g)
     w_true = torch.randn(10, 1, generator=g)
@@ -52,7 +52,7 @@ def make_data(samples, seed):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="Train seed 003's model with DDP; resume after crashes.")  # NEW
+    parser = argparse.ArgumentParser(description="Train a linear regression with DDP; resume after crashes.")  # NEW
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--global-batch-size", type=int, default=64,
                         help="samples per step, all ranks together")
@@ -135,12 +135,13 @@ def setup(timeout):  # NEW: a configurable timeout
     timeout = timedelta(seconds=timeout)  # NEW
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # NEW
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # NEW: torchrun's store outlives restarts,
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),  # NEW
-                              is_master=False, timeout=timeout)  # NEW
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),  # NEW: earlier
+                              is_master=False, timeout=timeout)  # NEW: attempts' keys included
+        # NEW: RESTART counts this node's restarts after failures: distinct attempts on one node
         store = dist.PrefixStore(f"attempt_{RESTART}", store)  # NEW: so each attempt gets its own keys
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)  # NEW
-    elif launched:  # NEW
-        dist.init_process_group(backend, timeout=timeout)  # NEW: mp.spawn, srun: MASTER_ADDR/PORT
+    elif launched:  # NEW: RANK... set by hand, or torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+        dist.init_process_group(backend, timeout=timeout)  # NEW: a store at MASTER_ADDR:MASTER_PORT
     else:  # plain `python train_ddp.py`: a group of one, in memory, no port needed
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout)  # NEW
@@ -223,9 +224,9 @@ def main(argv=None):
                         "rng": {"cpu": torch.get_rng_state(),  # NEW
                                 "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else torch.empty(0)},  # NEW
                     })  # NEW
-        epoch_loss = running_loss / len(loader)  # this rank's mean over its batches
-        dist.all_reduce(epoch_loss)  # the sum over ranks (gloo has no AVG) ...
-        losses.append(epoch_loss.item() / world_size)  # ... / world size = the global mean
+        epoch_loss = running_loss / len(loader)  # NEW: rank 0's running_loss holds the restored sum too
+        dist.all_reduce(epoch_loss, op=dist.ReduceOp.AVG)  # mean over ranks; each ran len(loader) batches,
+        losses.append(epoch_loss.item())  # so this is the mean loss over all batches of all ranks
         if rank == 0:
             sys.stdout.write(f"epoch {epoch + 1}/{args.epochs}: loss {losses[-1]:.4f}\n")
 

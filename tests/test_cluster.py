@@ -2,8 +2,11 @@
 
 No cluster here, so:
 - the batch script passes ``bash -n`` and runs end to end with stand-ins for ``srun`` and
-  ``scontrol``: two emulated nodes on this machine (one torchrun agent each, c10d rendezvous),
-  training ``scripts/train_ddp.py`` to the weights a one-process run reaches;
+  ``scontrol``: two emulated nodes on this machine (one torchrun agent each, c10d rendezvous,
+  CPU and gloo: the nodes share this machine's GPUs, if any, so they are hidden), training
+  ``scripts/train_ddp.py`` to the weights a one-process run reaches;
+- both files give every rendezvous round a fresh store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``),
+  which restarts on several nodes need;
 - the manifest parses; both pods run the same torchrun command, the one the course teaches; its
   script arguments are accepted by ``train_ddp.py``; GPUs requested = processes per node;
   checkpoints go to a shared volume.
@@ -65,7 +68,7 @@ def test_batch_script_syntax():
 def srun_command(text):
     """The srun ... torchrun ... command of the batch script, as a list of words."""
     joined = re.sub(r"\\\n\s*", " ", text)
-    line = next(l for l in joined.splitlines() if l.lstrip().startswith("srun "))
+    line = next(text for text in joined.splitlines() if text.lstrip().startswith("srun "))
     return shlex.split(line)
 
 
@@ -79,6 +82,8 @@ def test_batch_script_runs_the_course_command():
     assert any(o.startswith("--nnodes=$SLURM_NNODES") for o in options)
     assert not any(re.search(r"port=\d", o) or re.search(r":\d{4,5}$", o) for o in options), "a fixed port"
     assert "--checkpoint-dir" in words
+    assert re.search(r"(?m)^export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1$", SBATCH.read_text()), \
+        "restarts on several nodes need a fresh store every rendezvous round"
 
 
 def free_port_for_job_id():
@@ -111,7 +116,8 @@ def test_batch_script_runs_end_to_end_on_two_emulated_nodes(tmp_path, train_ddp)
     env.update(PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
                SLURM_JOB_ID=str(job_id), SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]",
                SLURM_JOB_NAME="train-ddp", SLURM_GPUS_ON_NODE="1", SRUN_LOG_DIR=str(tmp_path),
-               CKPT_DIR=str(tmp_path / "ckpt"), OUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1")
+               CKPT_DIR=str(tmp_path / "ckpt"), OUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1",
+               CUDA_VISIBLE_DEVICES="")  # the emulated nodes would share cuda:0, which nccl refuses
     result = run_bounded(["bash", str(SBATCH)], timeout=120, cwd=ROOT, env=env)
     logs = "".join((tmp_path / f"node{i}.log").read_text() for i in range(2) if (tmp_path / f"node{i}.log").exists())
     assert result.returncode == 0, result.stdout + result.stderr + logs[-3000:]
@@ -170,6 +176,12 @@ def test_every_pod_runs_the_same_course_command(job, train_ddp, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
     parsed = train_ddp.parse_args(args[script + 1:])  # exits (fails the test) on an unknown flag
     assert parsed.checkpoint_dir is not None
+
+
+def test_fresh_store_every_round(job):
+    for role, c in containers(job).items():
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1", role
 
 
 def test_gpus_volumes_and_shared_checkpoints(job):

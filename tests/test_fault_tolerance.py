@@ -3,6 +3,8 @@
 - a worker that crashes at a random step, or is SIGKILLed from outside at a random moment, under
   ``torchrun --max-restarts=1``: the job resumes from its checkpoint and its final weights equal
   the uninterrupted run's, bit for bit (``PARALLEL_COURSE_FAULT_TRIALS`` trials of each, default 2);
+- the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (chapter 10: a fresh store every round,
+  the script's plain ``init_process_group`` path);
 - a hung rank: the others fail within the configured ``--timeout``;
 - two jobs started at the same time on this machine both succeed (no port collision);
 - a checkpoint folder that is a file, a truncated, corrupted or foreign checkpoint: one line on
@@ -37,8 +39,8 @@ TRIALS = int(os.environ.get("PARALLEL_COURSE_FAULT_TRIALS", "2"))
 LAUNCH_TIMEOUT = 120  # s: a launch that takes longer is a hang, and is killed
 
 
-def env():
-    e = {**os.environ, "OMP_NUM_THREADS": "1"}
+def env(**extra):
+    e = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
         e.pop(var, None)
@@ -76,10 +78,10 @@ def assert_bit_equal(reference, out, what):
 class Launch:
     """torchrun in a session of its own: watched, killed as a group, bounded in time."""
 
-    def __init__(self, cmd, timeout=LAUNCH_TIMEOUT):
+    def __init__(self, cmd, timeout=LAUNCH_TIMEOUT, **extra_env):
         self.start = time.monotonic()
         self.deadline = self.start + timeout
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**extra_env), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def workers(self):
@@ -191,6 +193,22 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, request
     assert not survivors(str(tmp_path)), "processes outlived the job"
 
 
+def test_crash_resumes_exactly_with_a_fresh_store_every_round(reference, tmp_path):
+    """torchrun gives every round a new store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as the cluster
+    files set it): the workers are told TORCHELASTIC_USE_AGENT_STORE=False and join plainly."""
+    step = STEPS // 2 + 1
+    job = Launch(torchrun_cmd(*TRAIN, "--out", tmp_path / "out", "--checkpoint-dir", tmp_path / "ckpt",
+                              "--fail-at-step", step, "--fail-rank", 1, restarts=1),
+                 TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    rc, _, err, _ = job.finish()
+    assert rc == 0, f"torchrun exited {rc}:\n{err[-3000:]}"
+    assert f"injected failure: rank 1 in step {step}" in err
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["restarts"] == 1 and metrics["steps"] == STEPS, metrics
+    assert_bit_equal(reference["out"], tmp_path / "out", "a crash with a fresh store every round")
+    assert not survivors(str(tmp_path)), "processes outlived the job"
+
+
 def test_a_hung_rank_is_an_error_within_the_timeout(tmp_path):
     timeout = 3
     job = Launch(torchrun_cmd(*TRAIN, "--out", tmp_path / "out", "--timeout", timeout,
@@ -200,7 +218,9 @@ def test_a_hung_rank_is_an_error_within_the_timeout(tmp_path):
     rc, out, err, _ = job.finish()
     seconds = time.monotonic() - started
     assert rc != 0, "a hung rank must fail the job"
-    assert f"Timed out waiting {timeout * 1000}ms" in err, err[-3000:]  # the other rank's collective
+    timed_out = (f"Timed out waiting {timeout * 1000}ms",  # gloo: the other rank's collective
+                 "Watchdog caught collective operation timeout")  # nccl (a GPU per process)
+    assert any(words in err for words in timed_out), err[-3000:]
     # The hung rank gives up by itself only after 10 x timeout: the job ended before, by the timeout.
     assert seconds < 10 * timeout, f"the job took {seconds:.1f} s to fail"
     assert not survivors(str(tmp_path)), "processes outlived the job"
@@ -243,7 +263,7 @@ def one_line_error(result, *words):
     """One error line, the last on stderr (argparse may print its usage before it); no traceback."""
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0
-    errors = [l for l in lines if "error" in l.lower()]
+    errors = [line for line in lines if "error" in line.lower()]
     assert len(errors) == 1 and lines[-1] == errors[0], f"expected one error line, got:\n{result.stderr}"
     assert "Traceback" not in result.stderr
     for word in words:

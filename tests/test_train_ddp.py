@@ -71,7 +71,7 @@ def test_metrics_json(runs, world_size):
     assert metrics["global_batch_size"] == 32
     loss = metrics["loss"]
     assert len(loss) == metrics["epochs"] == 3
-    assert all(isinstance(l, float) and math.isfinite(l) for l in loss)
+    assert all(isinstance(value, float) and math.isfinite(value) for value in loss)
     assert loss[-1] < loss[0] / 2, f"the loss should fall: {loss}"
     one = json.loads((runs[1] / "metrics.json").read_text())["loss"]
     assert loss == pytest.approx(one, rel=1e-4), "the logged loss is the global mean at every world size"
@@ -81,8 +81,9 @@ def test_bad_argument_from_the_command_line(tmp_path):
     result = launch(None, "--epochs", "0", "--out", tmp_path / "out", timeout=60)
     assert result.returncode != 0
     assert result.stdout == ""
-    errors = [l for l in result.stderr.splitlines() if "error" in l]
-    assert errors == ["train_ddp.py: error: --epochs, --samples, --global-batch-size and --checkpoint-every must be at least 1"]
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert errors == ["train_ddp.py: error: --epochs, --samples, --global-batch-size and --checkpoint-every "
+                      "must be at least 1"]
     assert result.stderr.splitlines()[-1] == errors[0]
     assert not (tmp_path / "out").exists()
 
