@@ -334,6 +334,33 @@ def test_c09_stuck_rank_named_on_nccl(tmp_path):
     assert "in load_batch" in stack, f"faulthandler should show rank 1 in load_batch():\n{stack}"
 
 
+@needs_gpus(2)
+def test_c09_stale_store_shown_on_nccl(tmp_path):
+    """A restarted attempt finds the previous attempt's keys in torchrun's store (nccl too)."""
+    stdout = ok(launch([TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+                        SCRIPTS / "c09_debug.py", "stale-store"], tmp_path, 180))
+    found = re.search(r"finds in torchrun's store: \[(.*)\]", stdout)
+    assert found and found.group(1).strip(), f"attempt 1 should find attempt 0's keys:\n{stdout}"
+
+
+@needs_gpus(2)
+def test_train_ddp_crash_on_nccl_resumes_bit_for_bit(tmp_path):
+    """A rank that crashes mid-epoch on nccl: torchrun restarts the workers, which resume from the
+    checkpoint (CUDA RNG included) and end with the uninterrupted run's weights exactly."""
+    args = ["--epochs", "2", "--global-batch-size", 8 * GPUS, "--samples", 64 * GPUS, "--seed", "3",
+            "--checkpoint-every", "5"]
+    ok(torchrun(GPUS, SCRIPTS / "train_ddp.py", *args, "--out", tmp_path / "ref",
+                "--checkpoint-dir", tmp_path / "ref_ckpt", cwd=tmp_path))
+    crashed = launch([TORCHRUN, "--standalone", f"--nproc_per_node={GPUS}", "--max-restarts=1",
+                      SCRIPTS / "train_ddp.py", *args, "--out", tmp_path / "crash",
+                      "--checkpoint-dir", tmp_path / "crash_ckpt", "--fail-at-step", "7", "--fail-rank", "1"],
+                     tmp_path, 300)
+    ok(crashed)
+    ref, resumed = (torch.load(tmp_path / d / "final.pt", map_location="cpu", weights_only=True)
+                    for d in ("ref", "crash"))
+    assert all(torch.equal(ref[k], resumed[k]) for k in ref), "resumed weights differ from the reference"
+
+
 # --------------------------------------------------------------------------- 5. nn.DataParallel
 # (last: it is the one test that initialises CUDA in this process)
 
