@@ -11,10 +11,11 @@ rank's (gathered from all ranks); the median over iterations is reported.
 
     algbw = bytes / time              busbw = algbw * 2(N-1)/N   (nccl-tests' definitions)
 
-busbw is what each rank's link carries in a ring all-reduce: compare it with the hardware's
-bandwidth, whatever N is. The alpha-beta model t(S) = alpha + (2(N-1)/N) * S / beta is fitted by
-least squares on relative error: alpha is the fixed cost of one all-reduce, beta the bus
-bandwidth it tends to for large messages.
+busbw is the rate at which each rank sends (and receives) in a ring all-reduce: compare it
+with the hardware's bandwidth per direction, whatever N is. The alpha-beta model
+t(S) = alpha + (2(N-1)/N) * S / beta is fitted by least squares on relative error (the same fit
+as the course's parallel_course.perf.fit_alpha_beta, copied so that this script stands alone):
+alpha is the fixed cost of one all-reduce, beta the bus bandwidth it tends to for large messages.
 
 --impl ring times the course's own ring all-reduce (lab 03) instead of dist.all_reduce; --impl
 both times the two, alternating them size by size so that both see the same machine load.
@@ -143,7 +144,19 @@ def time_one(fn, tensor, device):
 
 
 def fit_alpha_beta(sizes, times, world_size):
-    """Least squares of t = alpha + (2(N-1)/N) * S / beta, on relative error (weights 1/t)."""
+    """Least squares of t = alpha + (2(N-1)/N) * S / beta, on relative error (weights 1/t).
+
+    Returns {"alpha_s": ..., "beta_bytes_per_s": ...}; raises ValueError when there is nothing to
+    fit (as parallel_course.perf.fit_alpha_beta does, with the same messages).
+    """
+    if len(sizes) != len(times) or len(sizes) < 2:
+        raise ValueError("need at least two (size, time) points, as many sizes as times")
+    if world_size < 2:
+        raise ValueError("one rank exchanges nothing: fit the model to 2 or more ranks")
+    if min(times) <= 0:
+        raise ValueError("times must be positive")
+    if len(set(sizes)) < 2:
+        raise ValueError("need at least two different sizes")
     k = 2 * (world_size - 1) / world_size
     # minimise sum(((a + b*S - t) / t)^2): linear least squares in (a, b) with rows scaled by 1/t
     s11 = sum(1 / t**2 for t in times)
@@ -154,7 +167,9 @@ def fit_alpha_beta(sizes, times, world_size):
     det = s11 * s22 - s12 * s12
     a = (r1 * s22 - r2 * s12) / det
     b = (s11 * r2 - s12 * r1) / det
-    return {"alpha_s": a, "beta_bytes_per_s": k / b if b > 0 else None}  # None: no growth with S
+    if not b > 0:
+        raise ValueError("the time does not grow with the size: no bandwidth to fit")
+    return {"alpha_s": a, "beta_bytes_per_s": k / b}
 
 
 def main():
@@ -196,25 +211,31 @@ def main():
                   "threads_per_process": args.threads, "warmup": args.warmup, "iters": args.iters,
                   "statistic": "median over iterations of the slowest rank's time",
                   "results_checked": bool(ok.item()), "impls": {}}
-        lines = [f"# all_reduce: {world_size} ranks, backend={backend} device={device.type}, float32 sum, "
-                 f"median of {args.iters} (after {args.warmup} warm-up)"]
+        lines = [(f"# all_reduce: {world_size} ranks, backend={backend} device={device.type}, float32 sum, "
+                  f"median of {args.iters} (after {args.warmup} warm-up)")]
         for impl in impls:
-            fit = fit_alpha_beta([r["bytes"] for r in results[impl]], [r["time_s"] for r in results[impl]],
-                                 world_size) if world_size > 1 and len(sizes) >= 2 else None
-            report["impls"][impl] = {"sizes": results[impl], "fit": fit}
+            fit, why = None, None
+            try:
+                fit = fit_alpha_beta([r["bytes"] for r in results[impl]], [r["time_s"] for r in results[impl]],
+                                     world_size)
+            except ValueError as error:
+                why = str(error)
+            report["impls"][impl] = {"sizes": results[impl], "fit": fit, "no_fit": why}
             lines.append(f"# impl={impl}")
             lines.append(f"#{'size':>12} {'count':>10} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
             for r in results[impl]:
                 lines.append(f" {r['bytes']:>12} {r['count']:>10} {1e6 * r['time_s']:>10.1f} "
                              f"{r['algbw_bytes_per_s'] / 1e9:>12.3f} {r['busbw_bytes_per_s'] / 1e9:>12.3f}")
-            if fit and fit["beta_bytes_per_s"]:
+            if fit:
                 lines.append(f"# alpha-beta fit: alpha = {1e6 * fit['alpha_s']:.1f} us, "
                              f"beta = {fit['beta_bytes_per_s'] / 1e9:.3f} GB/s (bus bandwidth)")
-            elif fit:
-                lines.append("# alpha-beta fit: the time does not grow with the size in this range "
-                             "(latency-bound): raise --max-bytes to see the bandwidth")
             elif world_size == 1:
                 lines.append("# one process: nothing is exchanged (busbw = 0); run under torchrun with 2+ processes")
+            elif "does not grow" in why:
+                lines.append("# alpha-beta fit: the time does not grow with the size in this range "
+                             "(latency-bound): raise --max-bytes to see the bandwidth")
+            else:
+                lines.append(f"# alpha-beta fit: not possible here ({why})")
         lines.append(f"# results checked against the expected sum: {'OK' if ok.item() else 'WRONG'}")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

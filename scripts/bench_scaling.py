@@ -3,28 +3,42 @@
     python bench_scaling.py --model compute --nproc-list 1,2 --json scaling.json   # the whole comparison
     torchrun --standalone --nproc_per_node=2 bench_scaling.py --model small        # DDP at this size only
 
-Plain `python` measures one process (no DDP), DataParallel (only with 2+ GPUs: on CPU it is
-skipped, and says why) and DDP in one process; --nproc-list 1,2,4 adds DDP with each N > 1,
-each a torchrun job launched by this script (--standalone: a free port; bounded by --timeout).
-The global batch is the same everywhere: each of N processes takes global/N samples.
+Every measurement alternates, step by step, the configuration measured with the baseline: one
+process training on the whole global batch (in a DDP job, rank 0 runs it alone while the others
+wait), so that both see the same machine load; the speedup is the baseline's step time over the
+configuration's. The global batch is the same everywhere: each of N processes takes global/N.
+A job of N processes measures DDP on N, and DDP on one process (rank 0 in a group of its own:
+DDP's own overhead, nothing to exchange). Plain `python` is a job of one process, plus
+DataParallel (only with 2+ GPUs: on CPU it is skipped, and says why); --nproc-list 1,2,4 runs a
+torchrun job for each N > 1 from this script (--standalone: a free port; bounded by --timeout).
 
 On CPU every process gets --threads threads (default 1), so N processes use N cores: the
 comparison is fair only if the machine has that many cores free. Two models:
 
-- small:   a 21 k-parameter MLP, global batch 64. A step is a fraction of a millisecond of
-           compute, so the all-reduce's fixed cost dominates: more processes are slower.
-- compute: a 0.8 M-parameter MLP, global batch 2048 (per rank 1024 at N = 2): forward and
-           backward take many times as long as the all-reduce of its 3 MB of gradients, so 2
-           processes approach 2x on 2 free cores.
+- small:   a 21 k-parameter MLP, global batch 64: so little computation per step that the
+           all-reduce's fixed cost and DDP's own work dominate: more processes are slower.
+- compute: a 0.8 M-parameter MLP, global batch 1024 (per rank 512 at N = 2): forward and
+           backward take many times as long as the all-reduce of its 3 MB of gradients, so
+           with N free cores N processes can approach N times the throughput.
 
-For DDP it also splits a step: t_compute (the same step under no_sync(): no communication),
-t_comm (all-reducing the gradients alone, in DDP-like buckets) and t_step (the DDP step);
-overlap = (t_compute + t_comm - t_step) / t_comm: 1 = communication entirely hidden behind
-backward, 0 = not at all, below 0 = the two slow each other down (they share the CPU cores).
-Times are medians over --steps steps (after --warmup), each the slowest rank's.
+For DDP on N > 1 it also splits a step: t_compute (the same step under no_sync(): no
+communication), t_comm (all-reducing the gradients alone, in buckets sized as DDP's) and t_step
+(the DDP step); overlap = (t_compute + t_comm - t_step) / t_comm: 1 = the communication is
+entirely hidden behind backward, 0 = the two simply add up, below 0 = the DDP step is slower
+than computing and then communicating one after the other (they compete for the same cores,
+and DDP's copies into and out of its buckets belong to neither part alone). Times are medians
+over --steps steps (after --warmup, which also covers DDP's bucket rebuild after its first
+step), each the slowest rank's.
+
+DDP's buckets (torch 2.13, find_unused_parameters=False): the first step runs with a single
+bucket; the reducer then rebuilds them in the order the gradients became ready, closing a
+bucket once it holds at least its cap. With --bucket-cap-mb unset (DDP's default) the first
+bucket's cap is 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) and the others' 25 MiB; with
+--bucket-cap-mb C every cap is C MiB (torch/nn/parallel/distributed.py, _BucketCapacityConfig).
 """
 import argparse
 import gc
+import itertools
 import json
 import os
 import signal
@@ -39,13 +53,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 MODELS = {  # name: (layer widths, default global batch, loss)
     "small": ([32, 128, 128, 1], 64, "mse"),
-    "compute": ([256, 768, 768, 10], 2048, "cross_entropy"),
+    "compute": ([256, 768, 768, 10], 1024, "cross_entropy"),
 }
 
 
@@ -53,11 +67,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=[*MODELS, "both"], default="both", help="default: both")
     parser.add_argument("--global-batch-size", type=int, help="samples per step, all processes together "
-                        "(default: 64 for small, 2048 for compute)")
+                        "(default: 64 for small, 1024 for compute)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket size (default 25)")
+    parser.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb (default: unset, DDP's "
+                        "default: a 1 MiB first bucket, then 25 MiB)")
     parser.add_argument("--nproc-list", help="plain python only: also run DDP with these process counts, e.g. 1,2")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per torchrun job (default 300)")
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
@@ -66,7 +81,7 @@ def parse_args(argv=None):
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         parser.error("--steps and --threads must be at least 1, --warmup at least 0")
-    if not args.bucket_cap_mb > 0 or not args.timeout > 0:
+    if (args.bucket_cap_mb is not None and not args.bucket_cap_mb > 0) or not args.timeout > 0:
         parser.error("--bucket-cap-mb and --timeout must be positive")
     try:
         args.nprocs = sorted({int(n) for n in args.nproc_list.split(",")}) if args.nproc_list else [1]
@@ -91,7 +106,7 @@ def make_model(name, device):
     torch.manual_seed(0)
     widths = MODELS[name][0]
     layers = []
-    for a, b in zip(widths[:-1], widths[1:]):
+    for a, b in itertools.pairwise(widths):
         layers += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*layers[:-1]).to(device)
 
@@ -125,67 +140,117 @@ def timed(fn, device):
     return time.perf_counter() - start
 
 
-def single_process(name, batch, steps, warmup, device, data_parallel=False):
-    """One process, the whole global batch (DataParallel: split over all GPUs by one process).
-    Returns the step times in seconds."""
+def alternate(variants, warmup, steps, device):
+    """Run the variants in turn, step after step (each started together: a barrier), and return
+    the median over steps of each one's time on the slowest rank (a step ends when the last rank
+    is done). Alternating makes the variants share whatever load the machine has."""
+    times = {key: [] for key in variants}
+    for i in range(warmup + steps):
+        for key, fn in variants.items():
+            dist.barrier()
+            t = timed(fn, device)
+            if i >= warmup:
+                times[key].append(t)
+    table = torch.tensor([times[k] for k in variants], dtype=torch.float64, device=device)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return {key: statistics.median(row) for key, row in zip(variants, table.cpu().tolist())}
+
+
+def baseline(name, batch, device):
+    """One process on the whole global batch: a step function to alternate with the others."""
     model = make_model(name, device)
-    if data_parallel:
-        model = nn.DataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = make_batch(name, batch, device, seed=0)
-    times = [timed(lambda: train_step(model, optimizer, x, y, MODELS[name][2]), device)
-             for _ in range(warmup + steps)][warmup:]
-    return times
+    return lambda: train_step(model, optimizer, x, y, MODELS[name][2])
+
+
+def with_speedup(result, batch, n):
+    step_s, base_s = result["step_s"], result["one_process_s"]
+    return {**result, "samples_per_s": batch / step_s, "speedup": base_s / step_s, "efficiency": base_s / step_s / n}
+
+
+def data_parallel_run(name, batch, args, device):
+    """DataParallel over all GPUs, alternated with one process on one GPU."""
+    model = nn.DataParallel(make_model(name, device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = make_batch(name, batch, device, seed=0)
+    variants = {"one_process_s": baseline(name, batch, device),
+                "step_s": lambda: train_step(model, optimizer, x, y, MODELS[name][2])}
+    return with_speedup(alternate(variants, args.warmup, args.steps, device), batch, torch.cuda.device_count())
+
+
+def bucket_sizes(param_bytes, cap_mb=None):
+    """Bytes in each of DDP's buckets after its first step, from the parameters' sizes in bytes.
+
+    DDP rebuilds its buckets after the first step in the order the gradients became ready (for
+    these MLPs: the parameters in reverse), adding gradients to a bucket until it holds at least
+    its cap. Caps: with cap_mb unset, 1 MiB for the first bucket and 25 MiB for the others;
+    with cap_mb given, cap_mb MiB for all (torch/nn/parallel/distributed.py)."""
+    cap = 25 * 2**20 if cap_mb is None else int(cap_mb * 2**20)
+    limit = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20) if cap_mb is None else cap  # the first bucket's
+    sizes, current = [], 0
+    for nbytes in reversed(param_bytes):
+        current += nbytes
+        if current >= limit:
+            sizes.append(current)
+            current, limit = 0, cap
+    return sizes + [current] if current else sizes
 
 
 def gradient_buckets(model, cap_mb, device):
-    """Flat tensors sized like DDP's buckets: reverse parameter order, first bucket 1 MB, then cap_mb."""
-    sizes, current, cap = [], 0, 2**20
-    for p in reversed(list(model.parameters())):
-        nbytes = p.numel() * p.element_size()
-        if current and current + nbytes > cap:
-            sizes.append(current)
-            current, cap = 0, cap_mb * 2**20
-        current += nbytes
-    sizes.append(current)
+    """Flat float32 tensors sized like DDP's buckets, for timing the all-reduces alone."""
+    sizes = bucket_sizes([p.numel() * p.element_size() for p in model.parameters()], cap_mb)
     return [torch.zeros(s // 4, device=device) for s in sizes]
 
 
 def ddp_run(name, batch, args, device):
-    """DDP at the current world size: t_step, t_compute (no_sync), t_comm (all-reduce alone)."""
+    """DDP at the current world size N and DDP on one process, each alternated step by step with
+    the one-process baseline; rank 0 runs the one-process variants alone while the other ranks
+    wait at the next barrier. For N > 1 also t_compute (no_sync) and t_comm (the all-reduces
+    alone). Returns {"1": ..., "N": ...}."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    model = make_model(name, device)
-    ddp_model = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-    x, y = make_batch(name, batch // world_size, device, seed=1 + rank)
     loss_name = MODELS[name][2]
+
+    def idle():  # the ranks that wait while rank 0 runs a one-process variant
+        pass
+
+    # DDP on one process: rank 0 in a group of its own (new_group must be called by every rank)
+    group = dist.new_group([0]) if world_size > 1 else None
+    one_model = make_model(name, device)
+    if rank == 0:
+        one_ddp = DDP(one_model, process_group=group, bucket_cap_mb=args.bucket_cap_mb)
+        one_optimizer = torch.optim.SGD(one_ddp.parameters(), lr=0.01)
+        x1, y1 = make_batch(name, batch, device, seed=0)
+    variants = {"one_process_s": baseline(name, batch, device) if rank == 0 else idle,
+                "ddp_one_s": (lambda: train_step(one_ddp, one_optimizer, x1, y1, loss_name)) if rank == 0 else idle}
+
+    model = make_model(name, device)
     buckets = gradient_buckets(model, args.bucket_cap_mb, device)
+    if world_size > 1:
+        ddp_model = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+        x, y = make_batch(name, batch // world_size, device, seed=1 + rank)
 
-    def step():
-        train_step(ddp_model, optimizer, x, y, loss_name)
+        def compute_only():
+            with ddp_model.no_sync():
+                train_step(ddp_model, optimizer, x, y, loss_name)
 
-    def compute_only():
-        with ddp_model.no_sync():
-            train_step(ddp_model, optimizer, x, y, loss_name)
+        def comm_only():
+            for work in [dist.all_reduce(b, async_op=True) for b in buckets]:
+                work.wait()
 
-    def comm_only():
-        for work in [dist.all_reduce(b, async_op=True) for b in buckets]:
-            work.wait()
-
-    variants = {"step": step, "compute": compute_only, "comm": comm_only}
-    times = {k: [] for k in variants}
-    for i in range(args.warmup + args.steps):
-        for key, fn in variants.items():  # alternate: the three see the same machine load
-            dist.barrier()
-            t = timed(fn, device)
-            if i >= args.warmup:
-                times[key].append(t)
-    table = torch.tensor([times[k] for k in variants], dtype=torch.float64, device=device)
-    dist.all_reduce(table, op=dist.ReduceOp.MAX)  # each step lasts until the slowest rank is done
-    t_step, t_compute, t_comm = (statistics.median(row) for row in table.cpu().tolist())
-    return {"step_s": t_step, "compute_s": t_compute, "comm_s": t_comm,
-            "overlap": (t_compute + t_comm - t_step) / t_comm if world_size > 1 else None,
-            "gradient_bytes": sum(b.numel() * 4 for b in buckets), "buckets": len(buckets)}
+        variants.update(step_s=lambda: train_step(ddp_model, optimizer, x, y, loss_name),
+                        compute_s=compute_only, comm_s=comm_only)
+    t = alternate(variants, args.warmup, args.steps, device)
+    layout = {"buckets": len(buckets), "bucket_bytes": [b.numel() * 4 for b in buckets]}
+    results = {"1": with_speedup({"step_s": t["ddp_one_s"], "one_process_s": t["one_process_s"], "overlap": None,
+                                  **layout}, batch, 1)}
+    if world_size > 1:
+        overlap = (t["compute_s"] + t["comm_s"] - t["step_s"]) / t["comm_s"]
+        results[str(world_size)] = with_speedup({"step_s": t["step_s"], "one_process_s": t["one_process_s"],
+                                                 "compute_s": t["compute_s"], "comm_s": t["comm_s"],
+                                                 "overlap": overlap, **layout}, batch, world_size)
+    return results
 
 
 def free_port():
@@ -215,7 +280,9 @@ def launch(n, args, out):
     """DDP with n processes: this script under torchrun, killed with its workers after --timeout."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
            "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--threads", str(args.threads), "--bucket-cap-mb", str(args.bucket_cap_mb), "--json", str(out), "--quiet"]
+           "--threads", str(args.threads), "--json", str(out), "--quiet"]
+    if args.bucket_cap_mb is not None:
+        cmd += ["--bucket-cap-mb", str(args.bucket_cap_mb)]
     if args.global_batch_size:
         cmd += ["--global-batch-size", str(args.global_batch_size)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -239,20 +306,23 @@ def table(report):
     for name, m in report["models"].items():
         lines.append(f"# model={name}: {m['parameters']} parameters ({m['gradient_bytes'] / 2**20:.2f} MB of "
                      f"gradients), global batch {m['global_batch']}, {report['backend']} on {report['device']}")
-        lines.append(f"#{'configuration':<14} {'procs':>5} {'step(ms)':>9} {'samples/s':>10} {'speedup':>8} "
+        lines.append(f"#{'configuration':<14} {'procs':>5} {'step(ms)':>9} {'1 proc(ms)':>10} {'speedup':>8} "
                      f"{'effic.':>7} {'compute(ms)':>12} {'comm(ms)':>9} {'overlap':>8}")
-        base = m["one_process"]["samples_per_s"] if "one_process" in m else None
-        rows = [("one process", 1, m["one_process"])] if base else []
-        rows += [("DataParallel", report["gpus"], m["data_parallel"])] if "step_s" in m.get("data_parallel", {}) else []
+        rows = [("DataParallel", report["gpus"], m["data_parallel"])] if "step_s" in m["data_parallel"] else []
         rows += [("DDP", int(n), r) for n, r in m["ddp"].items()]
         for label, n, r in rows:
             extra = ""
             if r.get("overlap") is not None:
                 extra = f" {1e3 * r['compute_s']:>12.2f} {1e3 * r['comm_s']:>9.2f} {r['overlap']:>8.2f}"
-            ratios = f"{r['samples_per_s'] / base:>8.2f} {r['samples_per_s'] / base / n:>7.0%}" if base else f"{'-':>8} {'-':>7}"
-            lines.append(f" {label:<14} {n:>5} {1e3 * r['step_s']:>9.2f} {r['samples_per_s']:>10.0f} {ratios}{extra}")
-        if "skipped" in m.get("data_parallel", {}):
+            lines.append(f" {label:<14} {n:>5} {1e3 * r['step_s']:>9.2f} {1e3 * r['one_process_s']:>10.2f} "
+                         f"{r['speedup']:>8.2f} {r['efficiency']:>7.0%}{extra}")
+        if "skipped" in m["data_parallel"]:
             lines.append(f" DataParallel skipped: {m['data_parallel']['skipped']}")
+    lines.append("# 1 proc = one process on the whole batch, timed alternately with the row; speedup = 1 proc / step")
+    if any(r.get("overlap") is not None for m in report["models"].values() for r in m["ddp"].values()):
+        lines.append("# overlap = (compute + comm - step) / comm: 1 = the all-reduces hidden behind backward, "
+                     "0 = the two add up, < 0 = the DDP step is slower than computing, then communicating "
+                     "(they compete for the same cores, and DDP's bucket copies are in neither part alone)")
     return lines
 
 
@@ -261,61 +331,42 @@ def main():
     torch.set_num_threads(args.threads)
     launched = "RANK" in os.environ  # under torchrun: DDP at this world size only
     backend, device = setup()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     children = [n for n in args.nprocs if n > 1] if not launched else []
-    # With torchrun jobs to come, half the baseline steps run now and half after them (A-B-A):
-    # a machine that gets busier or quieter meanwhile then biases neither side.
-    first_half = (args.steps + 1) // 2 if children else args.steps
     report = {"backend": backend, "device": device.type, "gpus": gpus, "cpu_cores": os.cpu_count(),
               "threads_per_process": args.threads if device.type == "cpu" else None,
               "steps": args.steps, "warmup": args.warmup,
-              "statistic": "median over steps of the slowest rank's time", "models": {}}
+              "statistic": "median over steps of the slowest rank's time; every configuration alternated "
+                           "step by step with one process on the whole batch", "models": {}}
     for name in args.models:
         batch = args.global_batch_size or MODELS[name][1]
         model = make_model(name, device)
         m = {"global_batch": batch, "parameters": sum(p.numel() for p in model.parameters()),
              "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()), "ddp": {}}
-        if not launched:  # plain python: the single-process baselines
-            m["one_process"] = {"times": single_process(name, batch, first_half, args.warmup, device)}
-            if gpus >= 2:
-                m["data_parallel"] = {"times": single_process(name, batch, args.steps, args.warmup, device,
-                                                              data_parallel=True)}
-            else:
-                m["data_parallel"] = {"skipped": "DataParallel needs 2+ GPUs; without them it runs the "
-                                      "module once on the whole batch (device_ids is empty), nothing in parallel"}
-        if world_size in args.nprocs or launched:
-            m["ddp"][str(world_size)] = ddp_run(name, batch, args, device)
+        if launched or (1 in args.nprocs and not children):  # with torchrun jobs to come, they measure N = 1
+            m["ddp"] = ddp_run(name, batch, args, device)
+        if not launched and gpus >= 2:
+            m["data_parallel"] = data_parallel_run(name, batch, args, device)
+        else:
+            m["data_parallel"] = {"skipped": "DataParallel needs 2+ GPUs; without them it runs the "
+                                  "module once on the whole batch (device_ids is empty), nothing in parallel"}
         report["models"][name] = m
-    gc.collect()  # ddp_run's DDP objects are gone: the group is released here, not at exit,
+    gc.collect()  # the DDP objects are gone: the group is released here, not at exit,
     dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
 
-    if not launched:
-        with tempfile.TemporaryDirectory() as tmp:
-            for n in children:
-                if device.type == "cuda" and n > gpus:
-                    sys.stdout.write(f"# DDP with {n} processes skipped: only {gpus} GPU(s)\n")
-                    continue
-                child = launch(n, args, Path(tmp) / f"n{n}.json")
-                for name in args.models:
-                    report["models"][name]["ddp"][str(n)] = child["models"][name]["ddp"][str(n)]
-        for name, m in report["models"].items():
-            if children:
-                m["one_process"]["times"] += single_process(name, m["global_batch"], args.steps - first_half,
-                                                            args.warmup, device)
-            for r in (m["one_process"], m["data_parallel"]):
-                if "times" in r:
-                    r["step_s"] = statistics.median(r["times"])
-            base = m["global_batch"] / m["one_process"]["step_s"]
-            for n, r in [("1", m["one_process"]), (str(gpus), m["data_parallel"]), *m["ddp"].items()]:
-                if "step_s" in r:
-                    r["samples_per_s"] = m["global_batch"] / r["step_s"]
-                    r["speedup"] = r["samples_per_s"] / base
-                    r["efficiency"] = r["speedup"] / int(n)
-    else:
-        for m in report["models"].values():
-            for r in m["ddp"].values():
-                r["samples_per_s"] = m["global_batch"] / r["step_s"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in children:
+            if device.type == "cuda" and n > gpus:
+                sys.stdout.write(f"# DDP with {n} processes skipped: only {gpus} GPU(s)\n")
+                continue
+            child = launch(n, args, Path(tmp) / f"n{n}.json")
+            for name in args.models:
+                ddp = report["models"][name]["ddp"]
+                ddp[str(n)] = child["models"][name]["ddp"][str(n)]
+                if 1 in args.nprocs:
+                    ddp.setdefault("1", child["models"][name]["ddp"]["1"])  # from the first job
+                report["models"][name]["ddp"] = dict(sorted(ddp.items(), key=lambda kv: int(kv[0])))
 
     if rank == 0:
         lines = []
@@ -332,8 +383,7 @@ def main():
             parts = [f"bench_scaling {', '.join(args.models)}: backend={backend} device={device.type}"]
             if device.type == "cpu":
                 parts.append(f"{args.threads} thread(s) per process")
-            parts.append("measured " + ("one process, " if not launched else "")
-                         + f"DDP on {' and '.join(map(str, ns))} process(es)")
+            parts.append(f"measured DDP on {' and '.join(map(str, ns))} process(es), each against one process")
             if not launched and gpus < 2:
                 parts.append("DataParallel skipped (needs 2+ GPUs)")
             if args.json:

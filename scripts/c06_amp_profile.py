@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -110,7 +110,7 @@ def amp_training(device, steps):
 
 def profiled_steps(device, out, bucket_cap_mb):
     """Rank 0 records 2 DDP steps (after 3 untimed ones); every rank takes part in the steps."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     model = mlp(512, 6, 10, seed=0, device=device)
     ddp_model = DDP(model, bucket_cap_mb=bucket_cap_mb)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
@@ -173,12 +173,12 @@ def main():
     per_step = profiled_steps(device, args.out, args.bucket_cap_mb)
     if dist.get_rank() == 0:
         sys.stdout.write("\n".join([
-            f"DDP + AMP: {world_size} ranks, backend={backend} device={device.type}, autocast dtype="
-            f"{str(amp_dtype).replace('torch.', '')}, GradScaler {'on' if scaled else 'off (not needed)'}",
-            f"  loss fell over {args.steps} steps: {'yes' if losses[-1] < 0.8 * losses[0] else 'no'}; "
-            f"replicas identical: {'yes' if identical else 'NO'}",
-            f"profile: 2 DDP steps on rank 0 (float32, bucket_cap_mb={args.bucket_cap_mb:g}): "
-            f"{per_step} all-reduce launches per step",
+            (f"DDP + AMP: {world_size} ranks, backend={backend} device={device.type}, autocast dtype="
+             f"{str(amp_dtype).replace('torch.', '')}, GradScaler {'on' if scaled else 'off (not needed)'}"),
+            (f"  loss fell over {args.steps} steps: {'yes' if losses[-1] < 0.8 * losses[0] else 'no'}; "
+             f"replicas identical: {'yes' if identical else 'NO'}"),
+            (f"profile: 2 DDP steps on rank 0 (float32, bucket_cap_mb={args.bucket_cap_mb:g}): "
+             f"{per_step} all-reduce launches per step"),
             f"  wrote {args.out / 'c06_trace_rank0.json'} and {args.out / 'c06_profile_ops.json'}",
         ]) + "\n")
 

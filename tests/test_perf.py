@@ -1,6 +1,7 @@
 """parallel_course.perf: bandwidths, the α–β fit, scaling figures, overlap, trace reading, plots."""
 
 import math
+import os
 
 import matplotlib
 import pytest
@@ -161,17 +162,18 @@ ALLREDUCE_REPORT = {
 
 
 def scaling_report():
-    def ddp(step, compute, comm, n):
-        return {"step_s": step, "compute_s": compute, "comm_s": comm,
-                "overlap": perf.overlap_fraction(compute, comm, step) if n > 1 else None,
-                "samples_per_s": 64 / step}
+    """bench_scaling.py's JSON: each configuration with the one-process step timed beside it."""
+    def ddp(step, one_process, n, compute=None, comm=None):
+        r = {"step_s": step, "one_process_s": one_process, "samples_per_s": 64 / step,
+             "speedup": one_process / step, "efficiency": one_process / step / n, "overlap": None}
+        if n > 1:
+            r.update(compute_s=compute, comm_s=comm, overlap=perf.overlap_fraction(compute, comm, step))
+        return r
     return {"backend": "gloo", "device": "cpu", "gpus": 0, "threads_per_process": 1,
-            "models": {"small": {"global_batch": 64, "one_process": {"step_s": 0.001, "samples_per_s": 64000},
-                                 "data_parallel": {"skipped": "needs GPUs"},
-                                 "ddp": {"1": ddp(0.0012, 0.0011, 0.0001, 1), "2": ddp(0.003, 0.0008, 0.001, 2)}},
-                       "compute": {"global_batch": 64, "one_process": {"step_s": 0.08, "samples_per_s": 800},
-                                   "data_parallel": {"skipped": "needs GPUs"},
-                                   "ddp": {"1": ddp(0.081, 0.08, 0.001, 1), "2": ddp(0.044, 0.04, 0.004, 2)}}}}
+            "models": {"small": {"global_batch": 64, "data_parallel": {"skipped": "needs GPUs"},
+                                 "ddp": {"1": ddp(0.0012, 0.001, 1), "2": ddp(0.003, 0.001, 2, 0.0008, 0.001)}},
+                       "compute": {"global_batch": 64, "data_parallel": {"skipped": "needs GPUs"},
+                                   "ddp": {"2": ddp(0.044, 0.08, 2, 0.04, 0.004), "1": ddp(0.081, 0.08, 1)}}}}
 
 
 def test_plots_draw_without_error():
@@ -184,8 +186,69 @@ def test_plots_draw_without_error():
     plt.close("all")
 
 
-def test_scaling_rows_lists_the_baseline_first():
+def test_scaling_rows_in_process_order():
     rows = perf.scaling_rows(scaling_report(), "compute")
-    assert [(label, n) for label, n, _ in rows] == [("one process", 1), ("DDP", 1), ("DDP", 2)]
-    assert math.isclose(perf.efficiency(rows[2][2]["samples_per_s"], rows[0][2]["samples_per_s"], 2),
-                        (64 / 0.044) / 800 / 2)
+    assert [(label, n) for label, n, _ in rows] == [("DDP", 1), ("DDP", 2)]
+    two = rows[1][2]
+    assert math.isclose(two["efficiency"], perf.efficiency(64 / 0.044, 64 / 0.08, 2))
+
+
+def test_threads_that_computed_sees_torch_threads():
+    import torch
+
+    if perf.threads_that_computed(lambda: None) is None:
+        pytest.skip("no /proc/self/task on this system")
+    a = torch.randn(512, 512)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert perf.threads_that_computed(lambda: [a @ a for _ in range(20)]) == 1
+        if (os.cpu_count() or 1) >= 2:
+            torch.set_num_threads(2)
+            assert perf.threads_that_computed(lambda: [a @ a for _ in range(20)]) == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_threads_that_computed_without_proc(monkeypatch):
+    monkeypatch.setattr(perf.os.path, "isdir", lambda path: False)
+    assert perf.threads_that_computed(lambda: None) is None
+
+
+def tiny_model_and_batch():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    return model, torch.randn(8, 16), torch.randint(0, 4, (8,))
+
+
+def test_saved_for_backward_in_float32():
+    """float32: the second layer's weight is saved by reference (no new memory); the input too."""
+    import torch.nn.functional as F
+
+    model, x, y = tiny_model_and_batch()
+    saved = perf.saved_for_backward(lambda: F.cross_entropy(model(x), y), model.parameters(), (x, y))
+    assert saved["parameters and inputs"] == 4 * 32 * 4 + 8 * 16 * 4 + 8 * 8  # W2, x, y (int64)
+    assert saved["copies of parameters"] == 0
+    assert saved["activations"] >= 8 * 32 * 4  # at least the ReLU's output
+
+
+def test_saved_for_backward_under_autocast_counts_the_16_bit_weights():
+    """autocast: the 16-bit copy of W2 is new memory; the activations are 16-bit (smaller)."""
+    import torch
+    import torch.nn.functional as F
+
+    model, x, y = tiny_model_and_batch()
+
+    def loss(enabled):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            return F.cross_entropy(model(x), y)
+
+    fp32 = perf.saved_for_backward(lambda: loss(False), model.parameters(), (x, y))
+    amp = perf.saved_for_backward(lambda: loss(True), model.parameters(), (x, y))
+    assert amp["copies of parameters"] == 4 * 32 * 2  # W2 in bfloat16
+    assert amp["parameters and inputs"] == 8 * 8  # only y: x is saved as a 16-bit copy
+    assert amp["activations"] < fp32["activations"]
+    assert all(p.grad is not None for p in model.parameters())  # backward ran, the graph is freed

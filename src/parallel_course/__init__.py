@@ -7,7 +7,8 @@ Small modules, each doing what its name says:
 - ``costmodel``      predicted step time and speedup of data-parallel training (01)
 - ``data_parallel``  DataParallel's steps re-enacted on threads (02)
 - ``collectives``    ring and naive all-reduce simulated step by step, bytes counted (03)
-- ``perf``           bandwidths, the alpha-beta fit, efficiency, overlap; reading and plotting benchmarks (06)
+- ``perf``           bandwidths, the alpha-beta fit, efficiency, overlap; threads that computed,
+                     bytes saved for backward; reading and plotting benchmarks (06)
 - ``model_parallel`` pipeline schedules as data (GPipe, 1F1B), bubble, stage splitting (07)
 - ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
 - ``checks``         clear verdicts for lab check cells

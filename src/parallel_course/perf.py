@@ -2,23 +2,29 @@
 
 Plain functions on numbers, lists and the JSON that ``scripts/bench_allreduce.py``,
 ``scripts/bench_scaling.py`` and the chapter's profiler script write; the plots at the end are
-thin layers on top. The scripts themselves never import this module (they are self-contained).
+thin layers on top. The scripts themselves never import this module (they are self-contained:
+``bench_allreduce.py`` carries its own copy of ``fit_alpha_beta``, and a test keeps the two equal).
+Also two measurements made in the notebook's kernel: which threads compute, and what autograd
+keeps for ``backward()``.
 
-Definitions (those of nccl-tests for the bandwidths):
+Definitions (those of nccl-tests for the bandwidths, ``doc/PERFORMANCE.md`` in NVIDIA/nccl-tests):
 
 - ``algbw = bytes / time``: the size of the tensor over the time of one all-reduce;
-- ``busbw = algbw · 2(N−1)/N``: what each rank's link carries in a ring all-reduce, comparable
-  with the hardware's bandwidth whatever the number of ranks N;
+- ``busbw = algbw · 2(N−1)/N``: the rate at which each rank sends (and receives) in a ring
+  all-reduce, comparable with the hardware's bandwidth per direction whatever the number of ranks N;
 - the α–β (Hockney) model of an all-reduce of S bytes: ``t(S) = α + (2(N−1)/N) · S / β``, α the
   fixed cost of one call, β the bus bandwidth it tends to for large messages;
 - strong scaling at a fixed global batch: ``speedup = throughput_N / throughput_1``,
-  ``efficiency = speedup / N``;
+  ``efficiency = speedup / N`` (``bench_scaling.py`` times one process on the whole batch
+  alternately with each configuration, so both see the same machine load);
 - ``overlap = (t_compute + t_comm − t_step) / t_comm``: the share of the communication hidden
-  behind computation (1: all of it, 0: none, < 0: the two slow each other down).
+  behind computation (1: all of it, 0: none, < 0: the step is slower than computing and then
+  communicating one after the other: the two slow each other down).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -64,7 +70,8 @@ def fit_alpha_beta(sizes: list[float], times: list[float], world_size: int) -> A
     """Least-squares fit of the α–β model on *relative* error (each point weighs 1/t).
 
     Timings span several decades (microseconds to tenths of a second); an unweighted fit would
-    let the largest message decide everything and leave α meaningless.
+    let the largest message decide everything and leave α meaningless. ``bench_allreduce.py``
+    has the same fit (same checks, same messages), returning a dict.
     """
     if len(sizes) != len(times) or len(sizes) < 2:
         raise ValueError("need at least two (size, time) points, as many sizes as times")
@@ -128,6 +135,99 @@ def overlap_fraction(t_compute: float, t_comm: float, t_step: float) -> float:
     return (t_compute + t_comm - t_step) / t_comm
 
 
+# --- what a kernel's computation uses ----------------------------------------------------------
+
+
+def threads_that_computed(fn, share: float = 0.25) -> int | None:
+    """How many of this process's threads used CPU time while ``fn()`` ran (Linux only).
+
+    Reads each thread's CPU time from ``/proc/self/task`` before and after; a thread counts if it
+    used at least ``share`` of the busiest thread's time (a kernel's idle helper threads use next
+    to none). ``fn`` should run for a few tenths of a second: the counters tick every 10 ms.
+    Returns None where ``/proc`` is not available (macOS, Windows).
+    """
+    if not os.path.isdir("/proc/self/task"):
+        return None
+
+    def cpu_ticks() -> dict[str, int]:
+        ticks = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            ticks[tid] = int(fields[11]) + int(fields[12])  # utime + stime
+        return ticks
+
+    before = cpu_ticks()
+    fn()
+    after = cpu_ticks()
+    used = [after[t] - before.get(t, 0) for t in after]
+    busiest = max(used, default=0)
+    return sum(u >= share * busiest for u in used) if busiest else 0
+
+
+_CASTS_AND_VIEWS = {"ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0",
+                    "ViewBackward0", "UnsafeViewBackward0", "ExpandBackward0", "AliasBackward0"}
+SAVED_KINDS = ("activations", "copies of parameters", "parameters and inputs")
+
+
+def _is_parameter_copy(tensor, parameter_ids: set[int]) -> bool:
+    """Whether ``tensor`` was made from a parameter by casts and views only (e.g. autocast's 16-bit weights)."""
+    fn = tensor.grad_fn
+    while fn is not None:
+        if fn.name() == "torch::autograd::AccumulateGrad":
+            return id(fn.variable) in parameter_ids
+        inputs = [f for f, _ in fn.next_functions if f is not None]
+        if fn.name() not in _CASTS_AND_VIEWS or len(inputs) != 1:
+            return False
+        fn = inputs[0]
+    return False
+
+
+def saved_for_backward(loss_fn, parameters, inputs=()) -> dict[str, int]:
+    """Bytes of the tensors autograd keeps for ``backward()`` while ``loss_fn()`` runs, by kind.
+
+    Each storage counts once. Kinds (``SAVED_KINDS``):
+
+    - ``"parameters and inputs"``: the parameters and the given input tensors themselves, saved
+      by reference: they are in memory anyway, so keeping them costs nothing;
+    - ``"copies of parameters"``: tensors made from a parameter by casts and views only, such as
+      the 16-bit weights ``torch.autocast`` makes: new memory, kept until ``backward()``;
+    - ``"activations"``: everything else, what the forward pass computed (including a 16-bit
+      copy of the input).
+
+    Calls ``backward()`` on the loss at the end, so that the graph is freed.
+    """
+    import torch
+
+    parameters = list(parameters)
+    parameter_ids = {id(p) for p in parameters}
+    existing = {t.untyped_storage().data_ptr() for t in [*parameters, *inputs]}
+    kinds: dict[int, tuple[str, int]] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in kinds:
+            if storage.data_ptr() in existing:
+                kind = "parameters and inputs"
+            elif _is_parameter_copy(tensor, parameter_ids):
+                kind = "copies of parameters"
+            else:
+                kind = "activations"
+            kinds[storage.data_ptr()] = (kind, storage.nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = loss_fn()
+    loss.backward()
+    totals = dict.fromkeys(SAVED_KINDS, 0)
+    for kind, nbytes in kinds.values():
+        totals[kind] += nbytes
+    return totals
+
+
 # --- profiler traces -----------------------------------------------------------------------------
 
 
@@ -171,7 +271,10 @@ def trace_steps(trace: dict, step_name: str = "train_step", backward_name: str =
     and ``starts_before_backward_ends`` (whether the first all-reduce began before it ended).
     """
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    span = lambda e: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))  # noqa: E731
+
+    def span(e):
+        return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+
     steps = sorted(span(e) for e in events if e["name"] == step_name)
     backwards = sorted(span(e) for e in events if e["name"] == backward_name)
     kernels = [e for e in events if e.get("cat") == "kernel"]
@@ -245,9 +348,11 @@ def plot_bandwidth(report: dict, ax=None):
 
 
 def scaling_rows(report: dict, model: str) -> list[tuple[str, int, dict]]:
-    """(label, processes, result) for one model of a bench_scaling JSON, baseline first."""
+    """(label, processes, result) for one model of a bench_scaling JSON: DataParallel (if it
+    ran), then DDP by process count. Each result has its own ``one_process_s`` baseline (timed
+    alternately with it) and ``speedup`` over it."""
     m = report["models"][model]
-    rows = [("one process", 1, m["one_process"])]
+    rows = []
     if "step_s" in m.get("data_parallel", {}):
         rows.append(("DataParallel", report["gpus"], m["data_parallel"]))
     rows += [("DDP", int(n), r) for n, r in sorted(m["ddp"].items(), key=lambda kv: int(kv[0]))]
@@ -262,17 +367,16 @@ def plot_scaling(report: dict):
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for i, model in enumerate(models):
         rows = scaling_rows(report, model)
-        base = rows[0][2]["samples_per_s"]
         ddp = [(n, r) for label, n, r in rows if label == "DDP"]
         ns = [n for n, _ in ddp]
-        axes[0].plot(ns, [r["samples_per_s"] / base for _, r in ddp], "o-", color=f"C{i}", label=f"{model}: DDP")
-        axes[1].plot(ns, [efficiency(r["samples_per_s"], base, n) for n, r in ddp], "o-", color=f"C{i}", label=model)
+        axes[0].plot(ns, [r["speedup"] for _, r in ddp], "o-", color=f"C{i}", label=f"{model}: DDP")
+        axes[1].plot(ns, [r["speedup"] / n for n, r in ddp], "o-", color=f"C{i}", label=model)
         for label, n, r in rows:
             if label == "DataParallel":
-                axes[0].plot([n], [r["samples_per_s"] / base], "s", color=f"C{i}", label=f"{model}: DataParallel")
+                axes[0].plot([n], [r["speedup"]], "s", color=f"C{i}", label=f"{model}: DataParallel")
     top = max(max(n for _, n, _ in scaling_rows(report, m)) for m in models)
     axes[0].plot([1, top], [1, top], ":", color="gray", label="linear")
-    axes[0].set_ylabel("throughput / one process's")
+    axes[0].set_ylabel("speedup over one process")
     axes[1].axhline(1.0, linestyle=":", color="gray")
     axes[1].set_ylabel("scaling efficiency (speedup / N)")
     for ax in axes[:2]:
@@ -280,7 +384,7 @@ def plot_scaling(report: dict):
         ax.set_xticks(range(1, top + 1))
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
-    axes[0].set_title("throughput relative to one process")
+    axes[0].set_title("throughput relative to one process (same load)")
     axes[1].set_title("efficiency")
     # each model's DDP step at the largest N: compute, communication, the step as measured
     ax = axes[2]
@@ -294,7 +398,7 @@ def plot_scaling(report: dict):
         ax.barh(y + 0.25, r["comm_s"] * scale, left=r["compute_s"] * scale, height=0.4, color="C3",
                 label="all-reduce alone" if y == 0 else None)
         ax.barh(y - 0.25, 1, height=0.4, color="gray", label="DDP step (measured)" if y == 0 else None)
-        labels.append(f"{model}, N={n}\noverlap {r['overlap']:.2f}")
+        labels.append(f"{model}, N={n}\noverlap {r['overlap']:.2f}" + (" (< 0: slower together)" if r["overlap"] < 0 else ""))
         y += 1
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xlabel("time relative to the DDP step (= 1)")
