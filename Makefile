@@ -55,20 +55,20 @@ test-gpu: $(STAMP)
 # Instructors: every lecture notebook as an offline reveal.js deck in build/slides/
 # (reveal.js and MathJax come from the npm registry once; the decks then need no network).
 slides: $(STAMP)
-	$(BIN)/python scripts/make_slides.py
+	$(BIN)/python tools/make_slides.py
 	@echo "Open build/slides/index.html in a browser."
 
 # Authors: regenerate labs/ from solutions/ (tests fail when they drift).
 labs: $(STAMP)
-	$(BIN)/python scripts/make_labs.py
+	$(BIN)/python tools/make_labs.py
 
 # Authors: export scripts/ from the notebooks' last %%writefile cells (tests fail when they drift).
 scripts: $(STAMP)
-	$(BIN)/python scripts/export_scripts.py
+	$(BIN)/python tools/export_scripts.py
 
 # Authors: re-execute notebooks and store their outputs, e.g. make outputs NB=notebooks/00_setup_check.ipynb
 outputs: $(STAMP)
-	$(BIN)/python scripts/execute_notebooks.py $(NB)
+	$(BIN)/python tools/execute_notebooks.py $(NB)
 
 clean:
 	rm -rf build notebooks/work solutions/work labs/work

@@ -16,6 +16,7 @@
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections import defaultdict
@@ -24,6 +25,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent
+# The authoring tools (labs from solutions, script export) live in tools/, outside the package
+# students import; the tests that check them import them from there.
+sys.path.insert(0, str(ROOT / "tools"))
 RUN_MARK = "PARALLEL_COURSE_TEST_RUN"
 AFTERMATH = "tests/test_zz_aftermath.py"
 # Test files that launch many jobs (torchrun, JupyterLab, a browser): after the notebooks.

@@ -2,7 +2,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from parallel_course.labgen import MarkerError, clear_solutions, is_solution_cell, make_lab
+from labgen import MarkerError, clear_solutions, is_solution_cell, make_lab
 
 
 def test_code_region_becomes_stub_at_marker_indentation():

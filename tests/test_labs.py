@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from parallel_course.labgen import is_solution_cell
+from labgen import is_solution_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
@@ -21,7 +21,7 @@ LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 
 def test_labs_are_what_the_generator_makes():
     result = subprocess.run(
-        [sys.executable, "scripts/make_labs.py", "--check"],
+        [sys.executable, "tools/make_labs.py", "--check"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr

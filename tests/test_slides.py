@@ -24,7 +24,7 @@ def decks():
         if os.environ.get(REQUIRE_VAR) == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    result = run_bounded([sys.executable, "scripts/make_slides.py"], timeout=600, cwd=ROOT)
+    result = run_bounded([sys.executable, "tools/make_slides.py"], timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     return {nb: ROOT / "build" / "slides" / f"{nb.stem}.slides.html" for nb in LECTURES}
 

@@ -12,7 +12,6 @@ Small modules, each doing what its name says:
 - ``model_parallel`` pipeline schedules as data (GPipe, 1F1B), bubble, stage splitting (07)
 - ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
 - ``checks``         clear verdicts for lab check cells
-- ``labgen``         labs generated from solutions (nbgrader markers)
 - ``widgets``, ``ring_widget``, ``pipeline_widget``, ``zero_widget``
                      thin ipywidgets explorers over the functions above (01/00, 03, 07, 08)
 """

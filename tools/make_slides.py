@@ -1,11 +1,11 @@
 """Export every lecture notebook to a reveal.js deck that works offline.
 
-    python scripts/make_slides.py [notebooks/NN_name.ipynb ...]   # -> build/slides/
+    python tools/make_slides.py [notebooks/NN_name.ipynb ...]   # -> build/slides/
 
 nbconvert's decks load reveal.js, MathJax, jQuery, require.js and mermaid from CDNs; without a
 network they render as one flat page with raw $$. This script installs local copies from the npm
 registry once (into build/slides/vendor, about 80 MB, mostly MathJax), points the deck at them
-with relative URLs, and uses a template (scripts/slides_template) that drops mermaid.
+with relative URLs, and uses a template (tools/slides_template) that drops mermaid.
 Open build/slides/index.html, or any deck, straight from disk.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "slides"
 VENDOR = OUT / "vendor"
-TEMPLATE_DIR = ROOT / "scripts" / "slides_template"
+TEMPLATE_DIR = ROOT / "tools" / "slides_template"
 # What nbconvert 7.17's reveal template asks for (the versions it would load from CDNs).
 PACKAGES = ["reveal.js@4.0.2", "mathjax@2.7.7", "jquery@2.2.4", "requirejs@2.3.7"]
 LIB = "vendor/node_modules"

@@ -1,7 +1,7 @@
 """Execute notebooks in place and store their outputs (what strict nbval compares against).
 
-    python scripts/execute_notebooks.py notebooks/01_why_parallel.ipynb [...]
-    python scripts/execute_notebooks.py              # every lecture and solution notebook
+    python tools/execute_notebooks.py notebooks/01_why_parallel.ipynb [...]
+    python tools/execute_notebooks.py              # every lecture and solution notebook
 
 Runs each notebook in its own folder, as nbval and JupyterLab do, with the same per-cell
 timeout as the tests; drops stored widget state and execution timestamps, which only add noise.

@@ -1,7 +1,7 @@
 """Export scripts/<name>.py from the last `%%writefile work/<name>.py` cell of the course.
 
-    python scripts/export_scripts.py          # write scripts/
-    python scripts/export_scripts.py --check  # exit 1 if scripts/ differs from the notebooks
+    python tools/export_scripts.py          # write scripts/
+    python tools/export_scripts.py --check  # exit 1 if scripts/ differs from the notebooks
 
 Lecture notebooks are read in chapter order, so a script that grows over several chapters is
 exported in its final form.

@@ -1,14 +1,14 @@
 """Generate labs/*.ipynb from solutions/*.ipynb (nbgrader's solution markers).
 
-    python scripts/make_labs.py          # write labs/
-    python scripts/make_labs.py --check  # exit 1 if labs/ is not what this would write
+    python tools/make_labs.py          # write labs/
+    python tools/make_labs.py --check  # exit 1 if labs/ is not what this would write
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from parallel_course.labgen import lab_text
+from labgen import lab_text  # tools/labgen.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 
