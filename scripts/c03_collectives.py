@@ -55,6 +55,21 @@ def main():
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     show("all_reduce(t, op=MAX)", f"{start().tolist()} -> {t.tolist()}")
 
+    t = start().float()  # AVG divides: a float tensor (gloo refuses AVG on an integer one)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)  # gloo too (torch 2.13), not only nccl
+    show("all_reduce(t, op=AVG), t as float", f"{start().tolist()} -> {t.tolist()}")
+
+    # A mean over samples when rank r holds r + 1 of them: AVG of the per-rank means weighs
+    # every rank alike; all-reducing (sum, count) with SUM weighs every sample alike.
+    samples = torch.full((rank + 1,), 10.0 * rank, device=device)
+    mean = samples.mean().reshape(1)
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    totals = torch.stack([samples.sum(), torch.tensor(float(samples.numel()), device=device)])
+    dist.all_reduce(totals)  # op=SUM
+    show("mean over all samples, rank r holding r + 1 of them",
+         f"{samples.tolist()}: AVG of the means -> {mean.item():.2f}; SUM of (sum, count) -> "
+         f"{totals[0].item():.0f}/{totals[1].item():.0f} = {(totals[0] / totals[1]).item():.2f}")
+
     gathered = [torch.empty(2, dtype=torch.int64, device=device) for _ in range(world_size)]
     dist.all_gather(gathered, start())
     show("all_gather(list, t)", f"{start().tolist()} -> {[g.tolist() for g in gathered]}")

@@ -68,6 +68,8 @@ def timed(fn, x, repeats):
         dist.barrier()
         start = time.perf_counter()
         fn(y)
+        if y.is_cuda:
+            torch.cuda.synchronize()  # nccl calls return before the GPU has finished
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 

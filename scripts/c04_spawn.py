@@ -1,4 +1,4 @@
-"""Launch train_ddp.py with mp.spawn instead of torchrun (the seed documents' way).
+"""Launch train_ddp.py with mp.spawn instead of torchrun (the way many tutorials launch).
 
     python c04_spawn.py --global-batch-size 64 --out work/spawn
 

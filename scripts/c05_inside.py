@@ -4,7 +4,8 @@
 
 1. M1/M3: every rank holds a full replica; DDP(...) broadcasts rank 0's parameters.
 2. M2: gradients are averaged during backward(), not in optimizer.step().
-3. Buckets: a communication hook records when each bucket's all-reduce starts and ends
+3. Buckets: how many, with bucket_cap_mb unset (the default), 25 and 1, before and after DDP
+   rebuilds them; a communication hook records when each bucket's all-reduce starts and ends
    (written to DIR/c05_buckets.json for a timeline plot).
 """
 import argparse
@@ -63,6 +64,12 @@ def flat(values):
     return torch.cat([v.detach().reshape(-1) for v in values])
 
 
+def sync(device):
+    """Wait for the GPU (nccl and CUDA kernels return before they finish); nothing on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def make_model(seed, device):
     torch.manual_seed(seed)
     layers = []
@@ -76,19 +83,27 @@ def main():
     parser.add_argument("--out", default="work", help="folder for c05_buckets.json (default: work)")
     args = parser.parse_args()
     device = setup()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
 
     # --- 1. Construction: a full replica per rank, rank 0's values broadcast (M1, M3) ---
     model = make_model(seed=rank, device=device)  # a different initialisation on every rank
     before = gathered(flat(model.parameters()))
     say(f"before DDP(...): parameters equal on all ranks: {all(torch.equal(b, before[0]) for b in before)}")
+    imported_before = set(sys.modules)
+    start = time.perf_counter()
     ddp_model = DDP(model)
+    first_ddp = time.perf_counter() - start
+    dynamo = "torch._dynamo" in set(sys.modules) - imported_before
     after = gathered(flat(ddp_model.parameters()))
     say(f"after  DDP(...): parameters equal on all ranks: {all(torch.equal(a, after[0]) for a in after)}; "
         f"equal to rank 0's initialisation: {torch.equal(after[0], before[0])}")
     counts = gathered(torch.tensor([sum(p.numel() for p in ddp_model.parameters())], device=device))
     say("parameters held per rank: " + ", ".join(f"rank {r}: {c.item():,}" for r, c in enumerate(counts))
         + " (a full replica each: DDP splits the data, not the model)")
+    start = time.perf_counter()
+    DDP(make_model(seed=0, device=device))  # a second one, for comparison
+    say(f"DDP(...) took {first_ddp:.2f} s the first time in this process (it imported torch._dynamo: {dynamo}), "
+        f"{time.perf_counter() - start:.2f} s the second time")
 
     # --- 2. When are gradients averaged? (M2) ---
     phase = {"now": None}
@@ -140,28 +155,34 @@ def main():
         return future.then(record)
 
     timelines = {}
-    for bucket_cap_mb in [25, 1]:
+    for cap in [None, 25, 1]:  # None: bucket_cap_mb left unset, DDP's default
         model = make_model(seed=0, device=device)
         names = {id(p): n for n, p in model.named_parameters()}
-        ddp_model = DDP(model, bucket_cap_mb=bucket_cap_mb)
+        ddp_model = DDP(model) if cap is None else DDP(model, bucket_cap_mb=cap)
         ddp_model.register_comm_hook(None, timing_hook)
         optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-        for step in range(4):  # DDP re-orders its buckets after the first step; time the last
+        counts = []  # buckets after each backward(); DDP rebuilds them at the start of step 2
+        for step in range(4):  # time the last step, long after the rebuild
             events.clear()
             loss = nn.functional.mse_loss(ddp_model(x), y)
+            sync(device)
             t0 = time.perf_counter()
             loss.backward()
+            sync(device)
             t_end = time.perf_counter()
+            counts.append(len(ddp_model.reducer._get_zeros_like_grad_buckets()))  # private, but exact
             optimizer.step()
             optimizer.zero_grad()
         events.sort(key=lambda e: e["start"])
-        say(f"bucket_cap_mb={bucket_cap_mb}: {len(events)} bucket(s), backward() returned after {1e3 * (t_end - t0):.1f} ms")
+        label = "unset" if cap is None else str(cap)
+        say(f"bucket_cap_mb {'unset (the default)' if cap is None else f'= {cap}'}: {counts[0]} bucket(s) at step 1, "
+            f"{counts[1]} at step 2, {counts[-1]} at step 4; step 4's backward() returned after {1e3 * (t_end - t0):.1f} ms")
         for e in events:
-            say(f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MB, layers {','.join(e['layers']):>9}: "
+            say(f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MiB, layers {','.join(e['layers']):>9}: "
                 f"all-reduce from {1e3 * (e['start'] - t0):.1f} ms to {1e3 * (e['end'] - t0):.1f} ms")
-        timelines[bucket_cap_mb] = {"backward_ms": 1e3 * (t_end - t0),
-                                    "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0))
-                                                for e in events]}
+        timelines[label] = {"backward_ms": 1e3 * (t_end - t0),
+                            "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0))
+                                        for e in events]}
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "c05_buckets.json").write_text(json.dumps(timelines, indent=1))

@@ -126,7 +126,7 @@ def unused_parameters(device, rank):
         except RuntimeError as e:
             lines = str(e).splitlines()
             say(f"  default DDP, step {step}: RuntimeError: {lines[0][:112]}...")
-            say("    " + next(l for l in lines if l.startswith("Parameter indices")).strip())
+            say("    " + next(line for line in lines if line.startswith("Parameter indices")).strip())
             break
     names = [n for n, p in ddp_model.module.named_parameters()]
     say(f"    (parameter indices 0-5 are {', '.join(names)})")

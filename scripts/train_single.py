@@ -1,4 +1,4 @@
-"""Seed 003's model and loop, fixed: deterministic, learnable, and averaged correctly.
+"""A linear regression trained in one process: deterministic, learnable, averaged correctly.
 
     python train_single.py --epochs 5 --batch-size 64 --out work/single
 """
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 
-class SimpleModel(nn.Module):  # seed 003's model: one linear layer
+class SimpleModel(nn.Module):  # one linear layer: 10 inputs, 1 output
     def __init__(self, input_dim=10, output_dim=1):
         super().__init__()
         self.linear = nn.Linear(input_dim, output_dim)
@@ -24,7 +24,8 @@ class SimpleModel(nn.Module):  # seed 003's model: one linear layer
 
 def make_data(samples, seed):
     """A regression the model can learn: y = X @ w_true + 0.5 + noise, fixed by the seed."""
-    # (Seed 003 drew new random inputs at every access, for a constant target 1.0.)
+    # (A popular version draws new random inputs at every access, for a constant target:
+    # only the bias can be learned, and no two runs see the same data.)
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(samples, 10, generator=g)
     w_true = torch.randn(10, 1, generator=g)
@@ -33,7 +34,7 @@ def make_data(samples, seed):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="Train seed 003's model in one process.")
+    parser = argparse.ArgumentParser(description="Train a linear regression in one process.")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--samples", type=int, default=1024, help="size of the synthetic data set")

@@ -51,7 +51,7 @@ def headings(notebook: Path) -> set[str]:
     found = set()
     for cell in nbformat.read(notebook, as_version=4).cells:
         if cell.cell_type == "markdown":
-            found |= {heading_anchor(l) for l in cell.source.splitlines() if re.match(r"#{1,6} ", l)}
+            found |= {heading_anchor(line) for line in cell.source.splitlines() if re.match(r"#{1,6} ", line)}
     return found
 
 
@@ -86,6 +86,16 @@ def test_every_label_used_resolves_to_an_entry():
         if missing := labels - known:
             unresolved[str(path.relative_to(ROOT))] = sorted(missing)
     assert not unresolved, f"labels with no entry in MISTAKES.md: {unresolved}"
+
+
+def test_links_to_the_list_of_mistakes_land_on_an_entry():
+    known = {label.lower() for label in entries()}
+    broken = []
+    for path in student_files():
+        for target, anchor in re.findall(r"\]\(([^)\s]*MISTAKES\.md)#([^)\s]+)\)", text_of(path)):
+            if not (path.parent / target).resolve() == MISTAKES.resolve() or anchor not in known:
+                broken.append(f"{path.relative_to(ROOT)}: {target}#{anchor}")
+    assert not broken, f"links that land nowhere: {broken}"
 
 
 @pytest.mark.parametrize("pattern", [r"\bseeds? 00\d", r"COURSE\.md", r"FIELD-NOTES", r"MISCONCEPTIONS\.md"])
