@@ -123,7 +123,8 @@ def main():
     local.load_state_dict(ddp_model.module.state_dict())
     nn.functional.mse_loss(local(x), y).backward()
     local_grads = gathered(flat(p.grad for p in local.parameters()))
-    say(f"without DDP, local gradients equal on all ranks: {all(torch.equal(g_, local_grads[0]) for g_ in local_grads)}")
+    say("without DDP, local gradients equal on all ranks: "
+        f"{all(torch.equal(g_, local_grads[0]) for g_ in local_grads)}")
 
     loss = nn.functional.mse_loss(ddp_model(x), y)
     phase["now"] = "backward"
@@ -162,7 +163,7 @@ def main():
         ddp_model.register_comm_hook(None, timing_hook)
         optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
         counts = []  # buckets after each backward(); DDP rebuilds them at the start of step 2
-        for step in range(4):  # time the last step, long after the rebuild
+        for _ in range(4):  # time the last step, long after the rebuild
             events.clear()
             loss = nn.functional.mse_loss(ddp_model(x), y)
             sync(device)
@@ -176,9 +177,11 @@ def main():
         events.sort(key=lambda e: e["start"])
         label = "unset" if cap is None else str(cap)
         say(f"bucket_cap_mb {'unset (the default)' if cap is None else f'= {cap}'}: {counts[0]} bucket(s) at step 1, "
-            f"{counts[1]} at step 2, {counts[-1]} at step 4; step 4's backward() returned after {1e3 * (t_end - t0):.1f} ms")
+            f"{counts[1]} at step 2, {counts[-1]} at step 4; "
+            f"step 4's backward() returned after {1e3 * (t_end - t0):.1f} ms")
         for e in events:
-            say(f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MiB, layers {','.join(e['layers']):>9}: "
+            say(f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MiB, "
+                f"layers {','.join(e['layers']):>9}: "
                 f"all-reduce from {1e3 * (e['start'] - t0):.1f} ms to {1e3 * (e['end'] - t0):.1f} ms")
         timelines[label] = {"backward_ms": 1e3 * (t_end - t0),
                             "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0))

@@ -99,7 +99,8 @@ def accumulation(device, rank, world_size):
         results[name] = (grad, calls[0])
     for name, (grad, n_calls) in results.items():
         diff = (grad - ref_grad).abs().max().item()
-        verdict = "equal within 1e-06" if diff <= 1e-6 else f"NOT equal: {grad.norm() / ref_grad.norm():.2f} times the norm"
+        verdict = ("equal within 1e-06" if diff <= 1e-6
+                   else f"NOT equal: {grad.norm() / ref_grad.norm():.2f} times the norm")
         say(f"  {name:31s}: {n_calls} all-reduce(s) per optimizer step; gradient vs the large batch: {verdict}")
 
 
@@ -132,7 +133,7 @@ def unused_parameters(device, rank):
     say(f"    (parameter indices 0-5 are {', '.join(names)})")
     torch.manual_seed(0)
     ddp_model = DDP(TwoHeads().to(device), find_unused_parameters=True)  # NEW: the fix
-    for step in range(3):
+    for _ in range(3):
         F.mse_loss(ddp_model(x), y).backward()
     say(f"  find_unused_parameters=True: 3 steps ok; aux_head.weight.grad is "
         f"{'None' if ddp_model.module.aux_head.weight.grad is None else 'a tensor'}")
@@ -151,8 +152,8 @@ def buffers(device, rank, world_size):
     for broadcast in [True, False]:
         ddp_model = DDP(bn_model(device), forward_sync_buffers=broadcast)  # torch < 2.13: broadcast_buffers=
         seen = []  # the running mean that forward() starts from, on this rank
-        ddp_model.module[1].register_forward_pre_hook(lambda m, args: seen.append(m.running_mean.clone()))
-        for step in range(3):
+        ddp_model.module[1].register_forward_pre_hook(lambda m, args, seen=seen: seen.append(m.running_mean.clone()))
+        for _ in range(3):
             ddp_model(mine).sum().backward()
         starts = gathered(seen[-1])
         say(f"  forward_sync_buffers={broadcast!s:5}: BatchNorm running_mean at the start of forward, step 2: "
@@ -174,7 +175,8 @@ def buffers(device, rank, world_size):
     var = stats[4:8] / n - mean * mean
     full_mean, full_var = X.mean(0), X.var(0, unbiased=False)
     ok = max((mean - full_mean).abs().max().item(), (var - full_var).abs().max().item()) <= 1e-5
-    say(f"  by hand, all_reduce of (sum, sum of squares, count): mean and variance equal the whole batch's within 1e-05: {ok}")
+    say("  by hand, all_reduce of (sum, sum of squares, count): "
+        f"mean and variance equal the whole batch's within 1e-05: {ok}")
 
 
 def main():

@@ -129,10 +129,12 @@ def evaluation(device, rank, world_size):
     say(f"  wrong: mean of the ranks' accuracies: {sum(accuracies) / world_size:.4f}")
     totals = torch.tensor([correct, count], dtype=torch.float64, device=device)
     dist.all_reduce(totals)
-    say(f"  wrong: all-reduced sums with the padding: {int(totals[0])}/{int(totals[1])} = {(totals[0] / totals[1]).item():.4f}")
+    say(f"  wrong: all-reduced sums with the padding: {int(totals[0])}/{int(totals[1])} = "
+        f"{(totals[0] / totals[1]).item():.4f}")
     totals = torch.tensor([correct_real, count_real], dtype=torch.float64, device=device)
     dist.all_reduce(totals)
-    say(f"  right: all-reduced sums without the padding: {int(totals[0])}/{int(totals[1])} = {(totals[0] / totals[1]).item():.4f}")
+    say(f"  right: all-reduced sums without the padding: {int(totals[0])}/{int(totals[1])} = "
+        f"{(totals[0] / totals[1]).item():.4f}")
 
 
 def main():
