@@ -8,8 +8,8 @@
   kernels too, so a signal to the suite's process group alone would not reach them.
 - The git status at the start is kept, so the aftermath tests can tell whether the suite left
   files behind.
-- Cheap tests run first: unit tests, then notebooks, then the launch-heavy test files; the
-  aftermath checks last.
+- Cheap tests run first: the lint, unit tests, then notebooks, then the launch-heavy test
+  files; the aftermath checks last.
 - At the end, the time of every test file and notebook is printed, slowest last.
 """
 
@@ -22,14 +22,14 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent
 # The authoring tools (labs from solutions, script export) live in tools/, outside the package
 # students import; the tests that check them import them from there.
 sys.path.insert(0, str(ROOT / "tools"))
 RUN_MARK = "PARALLEL_COURSE_TEST_RUN"
 AFTERMATH = "tests/test_zz_aftermath.py"
+# Cheap checks of the whole checkout: first, so that a lint error shows in seconds.
+EARLY = ("tests/test_lint.py",)
 # Test files that launch many jobs (torchrun, JupyterLab, a browser): after the notebooks.
 HEAVY = (
     "tests/test_fault_tolerance.py", "tests/test_jupyterlab.py", "tests/test_slides.py",
@@ -106,6 +106,8 @@ def _rank(item) -> int:
     path = item.nodeid.split("::", 1)[0]
     if path.startswith(AFTERMATH):
         return 3
+    if path.startswith(EARLY):
+        return -1
     if path.startswith(HEAVY):
         return 2
     if path.endswith(".ipynb"):

@@ -295,7 +295,7 @@ def launch(n, args, out):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise SystemExit(f"bench_scaling: DDP with {n} processes did not finish within {args.timeout:g} s")
+        raise SystemExit(f"bench_scaling: DDP with {n} processes did not finish within {args.timeout:g} s") from None
     if proc.returncode != 0:
         raise SystemExit(f"bench_scaling: DDP with {n} processes failed:\n" + err[-2000:])
     return json.loads(out.read_text())

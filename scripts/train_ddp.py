@@ -61,8 +61,10 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--out", type=Path, required=True, help="folder for data.pt, final.pt, metrics.json")
     parser.add_argument("--checkpoint-dir", type=Path,  # NEW
-                        help=f"resume from DIR/{CHECKPOINT} if it exists; save it every --checkpoint-every steps")  # NEW
-    parser.add_argument("--checkpoint-every", type=int, default=10, metavar="K", help="steps between checkpoints")  # NEW
+                        help=f"resume from DIR/{CHECKPOINT} if it exists; "  # NEW
+                             "save it every --checkpoint-every steps")  # NEW
+    parser.add_argument("--checkpoint-every", type=int, default=10, metavar="K",  # NEW
+                        help="steps between checkpoints")  # NEW
     parser.add_argument("--timeout", type=float, default=30,  # NEW: a hung collective fails after this
                         help="seconds a collective may wait for the other ranks before it is an error")  # NEW
     parser.add_argument("--fail-at-step", type=int, metavar="K",  # NEW: a teaching switch
@@ -190,8 +192,9 @@ def main(argv=None):
         start_epoch, done_in_epoch = resume["epoch"], resume["step_in_epoch"]  # NEW
         step, losses = resume["step"], resume["losses"]  # NEW
         if rank == 0:  # NEW
-            sys.stdout.write(f"attempt {RESTART}: resumed from {args.checkpoint_dir / CHECKPOINT} at step {step} "  # NEW
-                             f"(epoch {start_epoch + 1}, {done_in_epoch} of {len(loader)} steps done)\n")  # NEW
+            sys.stdout.write(f"attempt {RESTART}: resumed from {args.checkpoint_dir / CHECKPOINT} "  # NEW
+                             f"at step {step} (epoch {start_epoch + 1}, "  # NEW
+                             f"{done_in_epoch} of {len(loader)} steps done)\n")  # NEW
 
     for epoch in range(start_epoch, args.epochs):  # NEW: from the checkpoint's epoch
         sampler.set_epoch(epoch)  # a new order every epoch

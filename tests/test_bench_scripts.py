@@ -122,7 +122,7 @@ def test_help(script, options, capsys):
 def test_bad_argument_from_the_command_line():
     result = launch(SCALING, None, "--steps", "0", timeout=60)
     assert result.returncode == 2 and result.stdout == ""
-    errors = [l for l in result.stderr.splitlines() if "error" in l]
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert errors == ["bench_scaling.py: error: --steps and --threads must be at least 1, --warmup at least 0"]
 
 
@@ -139,7 +139,7 @@ def test_allreduce_bad_arguments(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(args)
     assert exit_info.value.code == 2
-    errors = [l for l in capsys.readouterr().err.splitlines() if "error" in l]
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and message in errors[0]
 
 
@@ -245,5 +245,5 @@ def test_scaling_bad_arguments(args, env, message, capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(args)
     assert exit_info.value.code == 2
-    errors = [l for l in capsys.readouterr().err.splitlines() if "error" in l]
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and message in errors[0]

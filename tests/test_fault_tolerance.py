@@ -114,7 +114,7 @@ class Launch:
         except subprocess.TimeoutExpired:
             self.kill()
             out, err = self.proc.communicate()
-            raise AssertionError(f"the job did not finish in time; stderr ends:\n{err[-2000:]}")
+            raise AssertionError(f"the job did not finish in time; stderr ends:\n{err[-2000:]}") from None
         finally:
             self.kill()
         return self.proc.returncode, out, err, time.monotonic() - self.start

@@ -1,7 +1,6 @@
 """The test harness itself: strict nbval catches a crashed launch; make refuses an old Python."""
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 

@@ -117,7 +117,7 @@ def jupyterlab(tmp_path):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((tmp_path / "jupyterlab.log").read_text()[-3000:])
+                    raise RuntimeError((tmp_path / "jupyterlab.log").read_text()[-3000:]) from None
                 time.sleep(0.5)
         # An unauthenticated request must be refused: never an open server.
         with pytest.raises(urllib.error.HTTPError) as refused:
@@ -209,7 +209,7 @@ def test_every_explorer_follows_its_control_in_jupyterlab(jupyterlab):
         notebook = open_and_run_all(page, base, token, EXPLORERS)
         outputs = notebook.locator(".jp-CodeCell").locator(".jp-OutputArea-output")
         expect(outputs).to_have_count(len(EXPLORER_CELLS), timeout=SLOW)
-        for i, (lecture, call, label) in enumerate(EXPLORER_CELLS):
+        for i, (lecture, _call, label) in enumerate(EXPLORER_CELLS):
             output = outputs.nth(i)
             expect(output.locator(".noUi-handle").first).to_be_visible(timeout=SLOW)
             before = computed_view(output)

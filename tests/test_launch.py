@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -90,7 +91,8 @@ def test_torchrun_restarts_the_job_when_asked(tmp_path):
     from parallel_course.launch import LaunchFailed, torchrun
 
     script = tmp_path / "flaky.py"  # fails on the first attempt, succeeds on the restart
-    script.write_text("import os, sys\nif os.environ['TORCHELASTIC_RESTART_COUNT'] == '0': sys.exit('first attempt fails')\n"
+    script.write_text("import os, sys\n"
+                      "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0': sys.exit('first attempt fails')\n"
                       "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'])\n")
     with pytest.raises(LaunchFailed, match="first attempt fails"):
         torchrun(str(script), nproc=1)
@@ -127,3 +129,14 @@ def test_other_failures_are_not_run_again(tmp_path):
     script = _script_failing_first(tmp_path, "ValueError: a real bug")
     result = run_bounded_once_more_on_exit_crash([sys.executable, str(script)], timeout=30)
     assert result.returncode == 134 and (tmp_path / "ran").read_text() == "1"
+
+
+def test_with_busy_core_runs_the_command_and_stops_its_hog():
+    tool = Path(__file__).resolve().parent.parent / "tools" / "with_busy_core.py"
+    code = "import os, psutil; print(sorted(c.pid for c in psutil.Process(os.getppid()).children()))"
+    result = subprocess.run([sys.executable, str(tool), sys.executable, "-c", code],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    hog = int(result.stdout.split("pids ")[1].split(")")[0])
+    assert str(hog) in result.stdout.splitlines()[-1], "the hog runs beside the command"
+    assert not psutil.pid_exists(hog) or psutil.Process(hog).status() == psutil.STATUS_ZOMBIE

@@ -22,7 +22,7 @@ def test_standard_kernel_and_no_stored_widget_state(path):
 def test_outputs_are_ignored_only_where_they_describe_the_machine(path):
     for cell in nbformat.read(path, as_version=4).cells:
         if "NBVAL_IGNORE_OUTPUT" in cell.source:
-            code = [l for l in cell.source.splitlines() if l.strip() and not l.startswith("#")]
+            code = [line for line in cell.source.splitlines() if line.strip() and not line.startswith("#")]
             assert code in (["machine.versions()"], ["machine.report()"]), cell.source
 
 

@@ -100,7 +100,7 @@ def x(name, ts, dur, tid=1, cat="cpu_op", **args):
 def test_trace_steps_on_a_cpu_trace():
     """Two steps; autograd computes 10-40 µs inside backward (which waits until 60)."""
     events = []
-    for k, base in enumerate([0, 100]):
+    for base in [0, 100]:
         events += [
             x("train_step", base, 90, cat="user_annotation"),
             x("backward", base + 10, 50, cat="user_annotation"),

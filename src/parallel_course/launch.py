@@ -128,6 +128,6 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 60, max_r
             raise NotImplementedError(f"{script} still has code to write (# YOUR CODE HERE)")
         # The workers' own traceback comes before torchrun's first log line ("E1122 07:26:50...").
         worker_err = re.split(r"(?m)^[EWI]\d{4} \d\d:\d\d", result.stderr)[0]
-        tail = "\n".join([l for l in worker_err.splitlines() if l.strip()][-10:])
+        tail = "\n".join([line for line in worker_err.splitlines() if line.strip()][-10:])
         raise LaunchFailed(f"{script} failed with exit code {result.returncode}:\n{tail}")
     return result.stdout

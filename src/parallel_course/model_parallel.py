@@ -20,7 +20,8 @@ PyTorch has no ``model_parallel`` module: model parallelism is placing submodule
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn

@@ -389,22 +389,25 @@ def plot_scaling(report: dict):
     # each model's DDP step at the largest N: compute, communication, the step as measured
     ax = axes[2]
     labels, y = [], 0
-    for i, model in enumerate(models):
+    for model in models:
         n, r = max(((int(k), v) for k, v in report["models"][model]["ddp"].items()), key=lambda kv: kv[0])
         if n < 2:
             continue
         scale = 1 / r["step_s"]  # as a share of the measured step
-        ax.barh(y + 0.25, r["compute_s"] * scale, height=0.4, color="C0", label="compute (no_sync)" if y == 0 else None)
+        ax.barh(y + 0.25, r["compute_s"] * scale, height=0.4, color="C0",
+                label="compute (no_sync)" if y == 0 else None)
         ax.barh(y + 0.25, r["comm_s"] * scale, left=r["compute_s"] * scale, height=0.4, color="C3",
                 label="all-reduce alone" if y == 0 else None)
         ax.barh(y - 0.25, 1, height=0.4, color="gray", label="DDP step (measured)" if y == 0 else None)
-        labels.append(f"{model}, N={n}\noverlap {r['overlap']:.2f}" + (" (< 0: slower together)" if r["overlap"] < 0 else ""))
+        labels.append(f"{model}, N={n}\noverlap {r['overlap']:.2f}"
+                      + (" (< 0: slower together)" if r["overlap"] < 0 else ""))
         y += 1
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xlabel("time relative to the DDP step (= 1)")
     ax.set_title("compute + communication vs the step")
     ax.legend(fontsize=7, loc="lower right")
+    threads = report.get("threads_per_process")
     fig.suptitle(f"{report['backend']} on {report['device']}"
-                 + (f", {report['threads_per_process']} thread per process" if report.get("threads_per_process") else ""))
+                 + (f", {threads} thread per process" if threads else ""))
     fig.tight_layout()
     return fig

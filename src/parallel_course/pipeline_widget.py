@@ -8,7 +8,7 @@ that shows it stores the same text every time and strict ``nbval`` can check it.
 from __future__ import annotations
 
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg

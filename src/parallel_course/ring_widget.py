@@ -42,7 +42,8 @@ def render(trace: collectives.Trace, k: int) -> str:
             label = "+".join(str(i) for i in sorted(cell))
             cells.append(f'<td style="{style}">{escape(label)}</td>')
         rows.append(f"<tr><th>rank {r}</th>{''.join(cells)}</tr>")
-    grid = f'<table style="border-collapse:collapse;font-family:monospace"><tr><th></th>{head}</tr>{"".join(rows)}</table>'
+    grid = (f'<table style="border-collapse:collapse;font-family:monospace"><tr><th></th>{head}</tr>'
+            f'{"".join(rows)}</table>')
 
     if k == 0:
         what = "start: every rank holds only its own tensor"

@@ -54,7 +54,8 @@ def draw(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed
         left.bar(memory.STAGES, heights, bottom=bottoms, color=color, label=part)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for i, total in enumerate(bottoms):
-        left.annotate(f"{total:.0f}" if total >= 100 else f"{total:.3g}", (i, total), ha="center", va="bottom", fontsize=8)
+        left.annotate(f"{total:.0f}" if total >= 100 else f"{total:.3g}", (i, total),
+                      ha="center", va="bottom", fontsize=8)
     left.axhline(gpu_gb, color="black", linestyle="--", linewidth=1, label=f"{gpu_gb:g} GB device")
     left.set_ylabel("GB per rank (model states)")
     left.set_title(f"{params_billion:g} B parameters, N = {n_ranks}, {precision}", fontsize=10)
