@@ -116,10 +116,10 @@ class ZeroCalculator(widgets.VBox):
         return {name: control.value for name, control in self.controls.items()}
 
     def _update(self, change=None) -> None:
-        self.result.value = f"<pre>{summary(**self.kwargs)}</pre>"
         buffer = io.BytesIO()
         draw(**self.kwargs).savefig(buffer, format="png", metadata={"Software": None})
-        self.plot.value = buffer.getvalue()
+        self.plot.value = buffer.getvalue()  # the figure first: when the table changes, both have
+        self.result.value = f"<pre>{summary(**self.kwargs)}</pre>"
 
     def __repr__(self) -> str:
         kw = self.kwargs
