@@ -13,8 +13,11 @@ or nccl is missing or there are fewer GPUs than it needs. On a GPU machine: ``ma
    one BatchNorm over the whole global batch (and scripts/c05_sync_details.py runs on nccl);
 5. real nn.DataParallel on the GPUs gives the outputs and gradients of the course's re-enactment
    on threads (parallel_course.data_parallel), with the same chunks;
-6. scripts/c09_debug.py's two demos (a collective mismatch under TORCH_DISTRIBUTED_DEBUG=DETAIL,
-   a stuck rank named by monitored_barrier) work on nccl.
+6. scripts/c09_debug.py's demos (a collective mismatch under TORCH_DISTRIBUTED_DEBUG=DETAIL,
+   a stuck rank named by monitored_barrier, the stale store a restart finds) work on nccl, and
+   train_ddp.py resumes a crash bit for bit there;
+7. every chapter script the notebooks launch (03, 05, 07, 08) runs on nccl and reports no failed
+   check.
 
 The unmarked tests at the end run everywhere: they keep the marker and the skip logic honest.
 Every launch runs in tmp_path, with OMP_NUM_THREADS=1, bounded by run_bounded (which kills the
@@ -359,6 +362,28 @@ def test_train_ddp_crash_on_nccl_resumes_bit_for_bit(tmp_path):
     ref, resumed = (torch.load(tmp_path / d / "final.pt", map_location="cpu", weights_only=True)
                     for d in ("ref", "crash"))
     assert all(torch.equal(ref[k], resumed[k]) for k in ref), "resumed weights differ from the reference"
+
+
+# Every chapter script the notebooks launch, as they launch it, on nccl: each must pick nccl with a
+# GPU per rank, keep its tensors on that GPU (nccl refuses CPU tensors) and report no failed check.
+CHAPTER_SCRIPTS = [
+    ("hello_allreduce.py",), ("c03_ranks.py",), ("c03_collectives.py",), ("c03_ring.py",),
+    ("c05_inside.py",), ("c05_uneven.py",), ("c07_pipeline.py", "--microbatches", "4", "--repeats", "1"),
+    ("c07_torch_pipelining.py", "--microbatches", "4"), ("c07_tensor_parallel.py",),
+    ("c08_zero.py", "--steps", "5"), ("c08_fsdp.py", "--steps", "5"), ("c08_fsdp_extras.py", "--out", "."),
+]
+
+EXPECTED_FALSE = {"c05_inside.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal")}
+
+
+@needs_gpus(2)
+@pytest.mark.parametrize("script", CHAPTER_SCRIPTS, ids=[s[0] for s in CHAPTER_SCRIPTS])
+def test_chapter_script_runs_on_nccl(tmp_path, script):
+    stdout = ok(torchrun(2, SCRIPTS / script[0], *script[1:], cwd=tmp_path, timeout=240))
+    shown_false = EXPECTED_FALSE.get(script[0], ())  # negative controls the script prints on purpose
+    failed = [line for line in stdout.splitlines() if "FAIL" in line
+              or (line.rstrip().endswith("False") and not line.startswith(shown_false))]
+    assert not failed, f"{script[0]} on nccl reported failed checks:\n" + "\n".join(failed)
 
 
 # --------------------------------------------------------------------------- 5. nn.DataParallel
