@@ -78,14 +78,8 @@ def make_model(seed, device):
     return nn.Sequential(*layers, nn.Linear(512, 1)).to(device)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="work", help="folder for c05_buckets.json (default: work)")
-    args = parser.parse_args()
-    device = setup()
-    rank = dist.get_rank()
-
-    # --- 1. Construction: a full replica per rank, rank 0's values broadcast (M1, M3) ---
+def construction(device, rank):
+    """1. Construction: a full replica per rank, rank 0's values broadcast (M1, M3)."""
     model = make_model(seed=rank, device=device)  # a different initialisation on every rank
     before = gathered(flat(model.parameters()))
     say(f"before DDP(...): parameters equal on all ranks: {all(torch.equal(b, before[0]) for b in before)}")
@@ -104,8 +98,11 @@ def main():
     DDP(make_model(seed=0, device=device))  # a second one, for comparison
     say(f"DDP(...) took {first_ddp:.2f} s the first time in this process (it imported torch._dynamo: {dynamo}), "
         f"{time.perf_counter() - start:.2f} s the second time")
+    return ddp_model
 
-    # --- 2. When are gradients averaged? (M2) ---
+
+def when_averaged(ddp_model, device, rank):
+    """2. When are gradients averaged? (M2) Returns this rank's batch."""
     phase = {"now": None}
     calls = {"backward": 0, "step": 0}
 
@@ -137,8 +134,11 @@ def main():
     phase["now"] = "step"
     optimizer.step()
     say(f"all-reduce calls during backward(): {calls['backward']}, during optimizer.step(): {calls['step']}")
+    return x, y
 
-    # --- 3. Buckets, and communication overlapping the rest of backward() ---
+
+def buckets(x, y, device, out):
+    """3. Buckets, and communication overlapping the rest of backward()."""
     names = {}
     events = []
 
@@ -186,9 +186,20 @@ def main():
         timelines[label] = {"backward_ms": 1e3 * (t_end - t0),
                             "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0))
                                         for e in events]}
-    if rank == 0:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "c05_buckets.json").write_text(json.dumps(timelines, indent=1))
+    if dist.get_rank() == 0:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "c05_buckets.json").write_text(json.dumps(timelines, indent=1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="work", help="folder for c05_buckets.json (default: work)")
+    args = parser.parse_args()
+    device = setup()
+    rank = dist.get_rank()
+    ddp_model = construction(device, rank)
+    x, y = when_averaged(ddp_model, device, rank)
+    buckets(x, y, device, args.out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 """Export scripts/<name>.py from the last `%%writefile work/<name>.py` cell of the course.
 
+A long script is written in parts: one `%%writefile work/<name>.py` cell, then
+`%%writefile -a work/<name>.py` cells that append to it (no cell over 100 lines). The export is
+what the last write and the appends after it leave in work/, byte for byte as IPython writes it.
+
     python tools/export_scripts.py          # write scripts/
     python tools/export_scripts.py --check  # exit 1 if scripts/ differs from the notebooks
 
@@ -15,20 +19,24 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-WRITEFILE = re.compile(r"^%%writefile\s+(?:-a\s+)?work/(\S+)\s*\n")
+# [ \t]*, not \s*: the blank lines that open an appended part belong to the script.
+WRITEFILE = re.compile(r"^%%writefile[ \t]+(-a[ \t]+)?work/(\S+)[ \t]*\n")
 
 
 def last_writefiles(notebooks: list[Path]) -> dict[str, str]:
-    """File name -> body of the last %%writefile cell that writes it."""
+    """File name -> what the last %%writefile cell of that name and the appends after it write."""
     scripts: dict[str, str] = {}
     for path in notebooks:
         for cell in nbformat.read(path, as_version=4).cells:
             m = WRITEFILE.match(cell.source) if cell.cell_type == "code" else None
-            if m:
-                if cell.source.startswith("%%writefile -a"):
-                    raise ValueError(f"{path.name}: appending (%%writefile -a) is not exportable")
-                # IPython writes the cell body followed by a newline.
-                scripts[m.group(1)] = cell.source[m.end():].rstrip("\n") + "\n"
+            if not m:
+                continue
+            append, name = m.groups()
+            if append and name not in scripts:
+                raise ValueError(f"{path.name}: %%writefile -a work/{name} before any %%writefile of it")
+            # IPython writes the cell body followed by a newline.
+            body = cell.source[m.end():].rstrip("\n") + "\n"
+            scripts[name] = scripts[name] + body if append else body
     return scripts
 
 
