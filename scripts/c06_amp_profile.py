@@ -1,4 +1,4 @@
-"""Chapter 06: DDP with mixed precision, then a profiler trace of DDP steps.
+"""Chapter 06c: DDP with mixed precision, then a profiler trace of DDP steps.
 
     torchrun --standalone --nproc_per_node=2 c06_amp_profile.py [--out DIR]
 

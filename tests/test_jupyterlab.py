@@ -40,7 +40,7 @@ EXPLORER_CELLS = [
     ("00_setup_check.ipynb", "placement_explorer(", "processes"),
     ("01_why_parallel.ipynb", "cost_model_explorer(", "workers N"),
     ("03_processes_and_collectives.ipynb", "ring_allreduce_explorer(", "ranks N"),
-    ("07_model_and_pipeline_parallelism.ipynb", "pipeline_explorer(", "micro-batches m"),
+    ("07a_pipeline_parallelism.ipynb", "pipeline_explorer(", "micro-batches m"),
     ("08_sharding_zero_fsdp.ipynb", "zero_calculator(", "ranks N"),
 ]
 EXPLORER_IMPORTS = """\

@@ -10,9 +10,9 @@ import nbformat
 import pytest
 
 from browser import ARTIFACTS, REQUIRE_VAR, ROOT, chromium_or_skip, is_local, launch
+from helpers import LECTURES
 from parallel_course.launch import run_bounded
 
-LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 MATH = re.compile(r"\$[^$\n]+\$")
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from helpers import LECTURES, SOLUTIONS
+
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted(
-    [*(ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")]
-)
+NOTEBOOKS = [*LECTURES, *SOLUTIONS]
 # An absolute path into a home folder, a root account, a CI workspace or a temporary folder.
 ABSOLUTE = re.compile(r"(?<![\w.])/(home|root|Users|work|tmp|private|var/folders|opt|mnt)/[\w.-]+")
 

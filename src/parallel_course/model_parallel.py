@@ -1,4 +1,4 @@
-"""Model-parallel illustrations (chapter 07): split a model into stages, pipeline schedules as data.
+"""Model-parallel illustrations (chapter 07a): split a model into stages, pipeline schedules as data.
 
 A pipeline schedule is described twice, from the same data:
 
@@ -208,7 +208,7 @@ def stage_devices(n_stages: int) -> list[torch.device]:
     """``cuda:0 .. cuda:n-1`` when there are that many GPUs, else the CPU for every stage.
 
     On the CPU all stages share the same cores: a one-process split there only shows that the
-    result is unchanged; chapter 07 runs stages in separate processes to show their timing.
+    result is unchanged; chapter 07a runs stages in separate processes to show their timing.
     """
     if torch.cuda.is_available() and torch.cuda.device_count() >= n_stages:
         return [torch.device("cuda", i) for i in range(n_stages)]

@@ -1,4 +1,4 @@
-"""Pipeline-schedule charts and an explorer (chapter 07), over ``model_parallel``'s schedules.
+"""Pipeline-schedule charts and an explorer (chapter 07a), over ``model_parallel``'s schedules.
 
 Like the course's other explorers it is a box of controls plus an ``Image`` and an ``HTML``
 widget whose *values* are recomputed; nothing is printed into an ``Output`` widget, so the cell
