@@ -47,7 +47,7 @@ def setup():
     return device
 
 
-def say(text):
+def print0(text):
     """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
@@ -82,22 +82,22 @@ def construction(device, rank):
     """1. Construction: a full replica per rank, rank 0's values broadcast (M1, M3)."""
     model = make_model(seed=rank, device=device)  # a different initialisation on every rank
     before = gathered(flat(model.parameters()))
-    say(f"before DDP(...): parameters equal on all ranks: {all(torch.equal(b, before[0]) for b in before)}")
+    print0(f"before DDP(...): parameters equal on all ranks: {all(torch.equal(b, before[0]) for b in before)}")
     imported_before = set(sys.modules)
     start = time.perf_counter()
     ddp_model = DDP(model)
     first_ddp = time.perf_counter() - start
     dynamo = "torch._dynamo" in set(sys.modules) - imported_before
     after = gathered(flat(ddp_model.parameters()))
-    say(f"after  DDP(...): parameters equal on all ranks: {all(torch.equal(a, after[0]) for a in after)}; "
-        f"equal to rank 0's initialisation: {torch.equal(after[0], before[0])}")
+    print0(f"after  DDP(...): parameters equal on all ranks: {all(torch.equal(a, after[0]) for a in after)}; "
+           f"equal to rank 0's initialisation: {torch.equal(after[0], before[0])}")
     counts = gathered(torch.tensor([sum(p.numel() for p in ddp_model.parameters())], device=device))
-    say("parameters held per rank: " + ", ".join(f"rank {r}: {c.item():,}" for r, c in enumerate(counts))
-        + " (a full replica each: DDP splits the data, not the model)")
+    print0("parameters held per rank: " + ", ".join(f"rank {r}: {c.item():,}" for r, c in enumerate(counts))
+           + " (a full replica each: DDP splits the data, not the model)")
     start = time.perf_counter()
     DDP(make_model(seed=0, device=device))  # a second one, for comparison
-    say(f"DDP(...) took {first_ddp:.2f} s the first time in this process (it imported torch._dynamo: {dynamo}), "
-        f"{time.perf_counter() - start:.2f} s the second time")
+    print0(f"DDP(...) took {first_ddp:.2f} s the first time in this process (it imported torch._dynamo: {dynamo}), "
+           f"{time.perf_counter() - start:.2f} s the second time")
     return ddp_model
 
 
@@ -120,20 +120,20 @@ def when_averaged(ddp_model, device, rank):
     local.load_state_dict(ddp_model.module.state_dict())
     nn.functional.mse_loss(local(x), y).backward()
     local_grads = gathered(flat(p.grad for p in local.parameters()))
-    say("without DDP, local gradients equal on all ranks: "
-        f"{all(torch.equal(g_, local_grads[0]) for g_ in local_grads)}")
+    print0("without DDP, local gradients equal on all ranks: "
+           f"{all(torch.equal(g_, local_grads[0]) for g_ in local_grads)}")
 
     loss = nn.functional.mse_loss(ddp_model(x), y)
     phase["now"] = "backward"
     loss.backward()
     grads = gathered(flat(p.grad for p in ddp_model.parameters()))  # right after backward()
     mean = torch.stack(local_grads).mean(0)
-    say(f"with DDP, right after backward() and before step(): gradients identical on all ranks: "
-        f"{all(torch.equal(g_, grads[0]) for g_ in grads)}; "
-        f"equal to the mean of the local gradients within 1e-06: {(grads[0] - mean).abs().max().item() <= 1e-6}")
+    print0(f"with DDP, right after backward() and before step(): gradients identical on all ranks: "
+           f"{all(torch.equal(g_, grads[0]) for g_ in grads)}; "
+           f"equal to the mean of the local gradients within 1e-06: {(grads[0] - mean).abs().max().item() <= 1e-6}")
     phase["now"] = "step"
     optimizer.step()
-    say(f"all-reduce calls during backward(): {calls['backward']}, during optimizer.step(): {calls['step']}")
+    print0(f"all-reduce calls during backward(): {calls['backward']}, during optimizer.step(): {calls['step']}")
     return x, y
 
 
@@ -176,13 +176,14 @@ def buckets(x, y, device, out):
             optimizer.zero_grad()
         events.sort(key=lambda e: e["start"])
         label = "unset" if cap is None else str(cap)
-        say(f"bucket_cap_mb {'unset (the default)' if cap is None else f'= {cap}'}: {counts[0]} bucket(s) at step 1, "
-            f"{counts[1]} at step 2, {counts[-1]} at step 4; "
-            f"step 4's backward() returned after {1e3 * (t_end - t0):.1f} ms")
+        setting = "unset (the default)" if cap is None else f"= {cap}"
+        print0(f"bucket_cap_mb {setting}: {counts[0]} bucket(s) at step 1, "
+               f"{counts[1]} at step 2, {counts[-1]} at step 4; "
+               f"step 4's backward() returned after {1e3 * (t_end - t0):.1f} ms")
         for e in events:
-            say(f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MiB, "
-                f"layers {','.join(e['layers']):>9}: "
-                f"all-reduce from {1e3 * (e['start'] - t0):.1f} ms to {1e3 * (e['end'] - t0):.1f} ms")
+            print0(f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MiB, "
+                   f"layers {','.join(e['layers']):>9}: "
+                   f"all-reduce from {1e3 * (e['start'] - t0):.1f} ms to {1e3 * (e['end'] - t0):.1f} ms")
         timelines[label] = {"backward_ms": 1e3 * (t_end - t0),
                             "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0))
                                         for e in events]}

@@ -45,7 +45,8 @@ def setup():
     return device
 
 
-def say(text):
+def print0(text):
+    """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
 
@@ -101,7 +102,7 @@ def accumulation(device, rank, world_size):
         diff = (grad - ref_grad).abs().max().item()
         verdict = ("equal within 1e-06" if diff <= 1e-6
                    else f"NOT equal: {grad.norm() / ref_grad.norm():.2f} times the norm")
-        say(f"  {name:31s}: {n_calls} all-reduce(s) per optimizer step; gradient vs the large batch: {verdict}")
+        print0(f"  {name:31s}: {n_calls} all-reduce(s) per optimizer step; gradient vs the large batch: {verdict}")
 
 
 class TwoHeads(nn.Module):
@@ -123,20 +124,20 @@ def unused_parameters(device, rank):
     for step in range(2):
         try:
             F.mse_loss(ddp_model(x), y).backward()
-            say(f"  default DDP, step {step}: ok")
+            print0(f"  default DDP, step {step}: ok")
         except RuntimeError as e:
             lines = str(e).splitlines()
-            say(f"  default DDP, step {step}: RuntimeError: {lines[0][:112]}...")
-            say("    " + next(line for line in lines if line.startswith("Parameter indices")).strip())
+            print0(f"  default DDP, step {step}: RuntimeError: {lines[0][:112]}...")
+            print0("    " + next(line for line in lines if line.startswith("Parameter indices")).strip())
             break
     names = [n for n, p in ddp_model.module.named_parameters()]
-    say(f"    (parameter indices 0-5 are {', '.join(names)})")
+    print0(f"    (parameter indices 0-5 are {', '.join(names)})")
     torch.manual_seed(0)
     ddp_model = DDP(TwoHeads().to(device), find_unused_parameters=True)  # NEW: the fix
     for _ in range(3):
         F.mse_loss(ddp_model(x), y).backward()
-    say(f"  find_unused_parameters=True: 3 steps ok; aux_head.weight.grad is "
-        f"{'None' if ddp_model.module.aux_head.weight.grad is None else 'a tensor'}")
+    print0(f"  find_unused_parameters=True: 3 steps ok; aux_head.weight.grad is "
+           f"{'None' if ddp_model.module.aux_head.weight.grad is None else 'a tensor'}")
 
 
 def bn_model(device):
@@ -156,17 +157,17 @@ def buffers(device, rank, world_size):
         for _ in range(3):
             ddp_model(mine).sum().backward()
         starts = gathered(seen[-1])
-        say(f"  forward_sync_buffers={broadcast!s:5}: BatchNorm running_mean at the start of forward, step 2: "
-            + "; ".join(f"rank {r}: {[round(v, 2) for v in s.tolist()]}" for r, s in enumerate(starts)))
+        print0(f"  forward_sync_buffers={broadcast!s:5}: BatchNorm running_mean at the start of forward, step 2: "
+               + "; ".join(f"rank {r}: {[round(v, 2) for v in s.tolist()]}" for r, s in enumerate(starts)))
     # Batch statistics: each rank normalises with ITS OWN batch's mean and variance.
     means = gathered(mine.mean(0))
-    say(f"  per-rank batch means of feature 0: {[round(m[0].item(), 2) for m in means]}; "
-        f"of the whole batch: {round(X.mean(0)[0].item(), 2)}")
+    print0(f"  per-rank batch means of feature 0: {[round(m[0].item(), 2) for m in means]}; "
+           f"of the whole batch: {round(X.mean(0)[0].item(), 2)}")
     try:  # SyncBatchNorm computes the statistics over all ranks' batches...
         nn.SyncBatchNorm(4).to(device)(mine)
-        say(f"  SyncBatchNorm on {device.type}: ran")
+        print0(f"  SyncBatchNorm on {device.type}: ran")
     except ValueError as e:  # ...but only on GPUs (and XPUs)
-        say(f"  SyncBatchNorm on {device.type}: ValueError: {e}")
+        print0(f"  SyncBatchNorm on {device.type}: ValueError: {e}")
     # What SyncBatchNorm computes, by hand: all-reduce (sum, sum of squares, count).
     stats = torch.cat([mine.sum(0), (mine * mine).sum(0), torch.tensor([float(len(mine))], device=device)])
     dist.all_reduce(stats)
@@ -175,8 +176,8 @@ def buffers(device, rank, world_size):
     var = stats[4:8] / n - mean * mean
     full_mean, full_var = X.mean(0), X.var(0, unbiased=False)
     ok = max((mean - full_mean).abs().max().item(), (var - full_var).abs().max().item()) <= 1e-5
-    say("  by hand, all_reduce of (sum, sum of squares, count): "
-        f"mean and variance equal the whole batch's within 1e-05: {ok}")
+    print0("  by hand, all_reduce of (sum, sum of squares, count): "
+           f"mean and variance equal the whole batch's within 1e-05: {ok}")
 
 
 def main():
@@ -184,11 +185,11 @@ def main():
     parser.parse_args()
     device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    say("1. Gradient accumulation over 4 micro-batches vs one large batch:")
+    print0("1. Gradient accumulation over 4 micro-batches vs one large batch:")
     accumulation(device, rank, world_size)
-    say("2. A parameter that takes no part in the loss:")
+    print0("2. A parameter that takes no part in the loss:")
     unused_parameters(device, rank)
-    say("3. Buffers and BatchNorm:")
+    print0("3. Buffers and BatchNorm:")
     buffers(device, rank, world_size)
 
 

@@ -45,16 +45,17 @@ def setup():
     return backend, device
 
 
-def say(text):
+def print0(text):
+    """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
 
 
-def say_all(text):
+def print_in_rank_order(text):
     """One line per rank, printed by rank 0 in rank order."""
     lines = [None] * dist.get_world_size()
     dist.all_gather_object(lines, text)
-    say("\n".join(lines))
+    print0("\n".join(lines))
 
 
 def train(ddp_model, batches, device, done):
@@ -83,19 +84,20 @@ def uneven(backend, device, rank):
             timed_out = "timed out" in str(e).lower()
             result = (f"RuntimeError after {done[0]} batches "
                       f"({'timed out ' if timed_out else ''}waiting for an all-reduce partner)")
-        say_all(f"  without Join, rank {rank} ({n_batches} batches): {result}")
+        print_in_rank_order(f"  without Join, rank {rank} ({n_batches} batches): {result}")
     else:
-        say("  without Join: skipped on nccl (a timed-out NCCL collective aborts the process)")
+        print0("  without Join: skipped on nccl (a timed-out NCCL collective aborts the process)")
 
     torch.manual_seed(0)
     ddp_model = DDP(nn.Linear(8, 1).to(device))
     done = [0]
     with Join([ddp_model]):  # NEW: a rank that runs out of data shadows the others' all-reduces
         train(ddp_model, batches, device, done)
-    say_all(f"  with Join, rank {rank}: trained on {done[0]} batches")
+    print_in_rank_order(f"  with Join, rank {rank}: trained on {done[0]} batches")
     weights = [torch.empty_like(p) for p in [ddp_model.module.weight] * dist.get_world_size()]
     dist.all_gather(weights, ddp_model.module.weight.detach())
-    say(f"  with Join: weights identical on all ranks afterwards: {all(torch.equal(w, weights[0]) for w in weights)}")
+    same = all(torch.equal(w, weights[0]) for w in weights)
+    print0(f"  with Join: weights identical on all ranks afterwards: {same}")
 
 
 def evaluation(device, rank, world_size):
@@ -106,11 +108,11 @@ def evaluation(device, rank, world_size):
     model = nn.Linear(4, 2).to(device).eval()
     with torch.no_grad():
         single = (model(X.to(device)).argmax(1) == y.to(device)).sum().item()
-    say(f"  one process, all {n} samples: accuracy {single}/{n} = {single / n:.4f}")
+    print0(f"  one process, all {n} samples: accuracy {single}/{n} = {single / n:.4f}")
 
     sampler = DistributedSampler(TensorDataset(X, y), shuffle=False)  # pads to a multiple of world_size
     indices = list(sampler)
-    say_all(f"  rank {rank} evaluates samples {indices}")
+    print_in_rank_order(f"  rank {rank} evaluates samples {indices}")
     loader = DataLoader(TensorDataset(X, y), batch_size=4, sampler=sampler)
     correct = count = 0
     correct_real = count_real = 0
@@ -125,16 +127,16 @@ def evaluation(device, rank, world_size):
                 position += 1
     accuracies = [None] * world_size
     dist.all_gather_object(accuracies, correct / count)
-    say(f"  wrong: rank 0's accuracy alone: {accuracies[0]:.4f}")
-    say(f"  wrong: mean of the ranks' accuracies: {sum(accuracies) / world_size:.4f}")
+    print0(f"  wrong: rank 0's accuracy alone: {accuracies[0]:.4f}")
+    print0(f"  wrong: mean of the ranks' accuracies: {sum(accuracies) / world_size:.4f}")
     totals = torch.tensor([correct, count], dtype=torch.float64, device=device)
     dist.all_reduce(totals)
-    say(f"  wrong: all-reduced sums with the padding: {int(totals[0])}/{int(totals[1])} = "
-        f"{(totals[0] / totals[1]).item():.4f}")
+    print0(f"  wrong: all-reduced sums with the padding: {int(totals[0])}/{int(totals[1])} = "
+           f"{(totals[0] / totals[1]).item():.4f}")
     totals = torch.tensor([correct_real, count_real], dtype=torch.float64, device=device)
     dist.all_reduce(totals)
-    say(f"  right: all-reduced sums without the padding: {int(totals[0])}/{int(totals[1])} = "
-        f"{(totals[0] / totals[1]).item():.4f}")
+    print0(f"  right: all-reduced sums without the padding: {int(totals[0])}/{int(totals[1])} = "
+           f"{(totals[0] / totals[1]).item():.4f}")
 
 
 def main():
@@ -142,9 +144,9 @@ def main():
     parser.parse_args()
     backend, device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    say("1. Uneven inputs: rank 0 has 5 batches, rank 1 has 3:")
+    print0("1. Uneven inputs: rank 0 has 5 batches, rank 1 has 3:")
     uneven(backend, device, rank)
-    say("2. Evaluation under sampler padding:")
+    print0("2. Evaluation under sampler padding:")
     evaluation(device, rank, world_size)
 
 

@@ -49,7 +49,7 @@ def setup():
     return device
 
 
-def say(text):
+def print0(text):
     """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
@@ -189,8 +189,8 @@ def main():
     expected = [p.grad for p in my_stage(full, rank, world_size).parameters()]
     stage_model = my_stage(make_model(), rank, world_size).to(device)  # only my slice
 
-    say(f"{world_size} stages, {LAYERS // world_size} layers each, batch {BATCH}, "
-        f"backend={dist.get_backend()} device={device.type}")
+    print0(f"{world_size} stages, {LAYERS // world_size} layers each, batch {BATCH}, "
+           f"backend={dist.get_backend()} device={device.type}")
     results = {}
     for index, (name, (n_micro, orders)) in enumerate(schedules.items()):
         record = []
@@ -210,10 +210,10 @@ def main():
         results[name] = {"microbatches": n_micro, "busy": [stage[0] for stage in best],
                          "peak_in_flight": [stage[1] for stage in best]}
         together = "yes" if overlap([stage[0] for stage in best]) > 0 else "never"
-        say(f"{name:>5}: {n_micro} micro-batch(es), step {span(s[0] for s in best) * 1e3:.1f} ms, "
-            f"two stages computing at the same time: {together}, "
-            f"most micro-batches held per stage: {results[name]['peak_in_flight']}")
-        say(f"       gradients equal the unsplit model's: {worst <= 1e-5} (max |difference| <= 1e-05)")
+        print0(f"{name:>5}: {n_micro} micro-batch(es), step {span(s[0] for s in best) * 1e3:.1f} ms, "
+               f"two stages computing at the same time: {together}, "
+               f"most micro-batches held per stage: {results[name]['peak_in_flight']}")
+        print0(f"       gradients equal the unsplit model's: {worst <= 1e-5} (max |difference| <= 1e-05)")
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "c07_pipeline.json").write_text(json.dumps(results))

@@ -43,7 +43,7 @@ def setup():
     return device
 
 
-def say(text):
+def print0(text):
     """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
@@ -54,9 +54,9 @@ def check(what, got, expected):
     diff = torch.tensor([(got.detach() - expected.detach()).abs().max().item()], device=got.device)  # nccl: on the GPU
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     if diff.item() <= ATOL:
-        say(f"PASS {what}: max |difference| <= {ATOL:g}")
+        print0(f"PASS {what}: max |difference| <= {ATOL:g}")
     else:
-        say(f"FAIL {what}: max |difference| = {diff.item():.3g} > {ATOL:g}")
+        print0(f"FAIL {what}: max |difference| = {diff.item():.3g} > {ATOL:g}")
 
 
 # --- the communication, as autograd functions (Megatron-LM's f and g) ----------------------
@@ -158,7 +158,7 @@ def main():
     parser.parse_args()
     device = setup()
     world_size = dist.get_world_size()
-    say(f"{world_size} ranks, backend={dist.get_backend()} device={device.type}")
+    print0(f"{world_size} ranks, backend={dist.get_backend()} device={device.type}")
     torch.manual_seed(0)
     x = torch.randn(BATCH, IN, device=device)
 
@@ -188,8 +188,8 @@ def main():
     out.square().sum().backward()
     dist.all_reduce = original
     mlp(x_ref).square().sum().backward()
-    say(f"MLP column -> ReLU -> row: {forward_calls} all_reduce in forward (the row layer's sum), "
-        f"{len(calls) - forward_calls} in backward (the input's gradient)")
+    print0(f"MLP column -> ReLU -> row: {forward_calls} all_reduce in forward (the row layer's sum), "
+           f"{len(calls) - forward_calls} in backward (the input's gradient)")
     check("MLP output", out, mlp(x))
     check("MLP input gradient", x_tp.grad, x_ref.grad)
     check("MLP first-layer weight gradient (my rows)", tp_mlp[0].weight.grad, my_slice(mlp[0].weight.grad, 0))
@@ -203,9 +203,9 @@ def main():
     torch.manual_seed(2)
     dt_mlp = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT)).to(device)
     dt_mlp = parallelize_module(dt_mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    say(f"parallelize_module: first weight is a {type(dt_mlp[0].weight).__name__} "
-        f"{tuple(dt_mlp[0].weight.shape)} with local shard {tuple(dt_mlp[0].weight.to_local().shape)}, "
-        f"placements {dt_mlp[0].weight.placements} / {dt_mlp[2].weight.placements}")
+    print0(f"parallelize_module: first weight is a {type(dt_mlp[0].weight).__name__} "
+           f"{tuple(dt_mlp[0].weight.shape)} with local shard {tuple(dt_mlp[0].weight.to_local().shape)}, "
+           f"placements {dt_mlp[0].weight.placements} / {dt_mlp[2].weight.placements}")
     out = dt_mlp(x)
     out.square().sum().backward()
     check("ColwiseParallel/RowwiseParallel MLP output", out, mlp(x))

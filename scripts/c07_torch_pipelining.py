@@ -44,7 +44,7 @@ def setup():
     return device
 
 
-def say(text):
+def print0(text):
     """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
@@ -83,8 +83,8 @@ def main():
     torch.optim.SGD(full.parameters(), lr=LR).step()
     ref_weights = [p.detach().clone() for p in full[mine].parameters()]
 
-    say(f"{world_size} stages of {per_stage // 2} layers, batch {BATCH} in {args.microbatches} "
-        f"micro-batches, backend={dist.get_backend()} device={device.type}")
+    print0(f"{world_size} stages of {per_stage // 2} layers, batch {BATCH} in {args.microbatches} "
+           f"micro-batches, backend={dist.get_backend()} device={device.type}")
     for name, Schedule in [("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)]:
         stage_module = make_model()[mine].to(device)                    # only this rank's layers
         stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=device)
@@ -105,8 +105,8 @@ def main():
         dist.all_gather_object(results, (diff, loss))
         loss_diff = abs(results[-1][1] - ref_loss.item())
         ok = max(d for d, _ in results) <= ATOL and loss_diff <= ATOL
-        say(f"{name:>5}: loss {results[-1][1]:.4f} (unsplit {ref_loss.item():.4f}); loss, gradients and "
-            f"weights after one SGD step equal the unsplit model's: {ok} (max |difference| <= {ATOL:g})")
+        print0(f"{name:>5}: loss {results[-1][1]:.4f} (unsplit {ref_loss.item():.4f}); loss, gradients and "
+               f"weights after one SGD step equal the unsplit model's: {ok} (max |difference| <= {ATOL:g})")
 
 
 if __name__ == "__main__":

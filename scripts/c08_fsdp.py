@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from c08_zero import make_model, per_rank, say, setup, train  # c08_zero.py: beside this file
+from c08_zero import make_model, per_rank, print0, setup, train  # c08_zero.py: beside this file
 
 
 def local(t):
@@ -53,10 +53,10 @@ def main():
     train(model, optimizer, my_batches)
 
     w = model.blocks[0][0].weight
-    say(f"a sharded parameter: {type(w).__name__}, global shape {tuple(w.shape)}, "
-        f"placements {w.placements}, local shape on rank 0 {tuple(w.to_local().shape)}")
-    say(f"head.weight (5 rows): local shapes per rank "
-        f"{per_rank(tuple(model.head.weight.to_local().shape))}")
+    print0(f"a sharded parameter: {type(w).__name__}, global shape {tuple(w.shape)}, "
+           f"placements {w.placements}, local shape on rank 0 {tuple(w.to_local().shape)}")
+    print0(f"head.weight (5 rows): local shapes per rank "
+           f"{per_rank(tuple(model.head.weight.to_local().shape))}")
 
     full_count = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
     counts = per_rank(sum(p.to_local().numel() for p in model.parameters()))
@@ -64,20 +64,20 @@ def main():
                        nbytes(v for s in optimizer.state.values() for v in s.values()
                               if isinstance(v, torch.Tensor) and v.dim() > 0)))
     full = (4 * full_count, 4 * full_count, 8 * full_count)
-    say(f"full model: {full_count:,} parameters; {world_size} ranks")
-    say(f"{'rank':>4} | {'parameters':>10} | {'param bytes':>11} | {'grad bytes':>10} | "
-        f"{'Adam m+v bytes':>14} | share of full")
+    print0(f"full model: {full_count:,} parameters; {world_size} ranks")
+    print0(f"{'rank':>4} | {'parameters':>10} | {'param bytes':>11} | {'grad bytes':>10} | "
+           f"{'Adam m+v bytes':>14} | share of full")
     for r in range(world_size):
-        say(f"{r:>4} | {counts[r]:>10,} | {stored[r][0]:>11,} | {stored[r][1]:>10,} | "
-            f"{stored[r][2]:>14,} | {counts[r] / full_count:.4f}")
-    say(f" all | {sum(counts):>10,} | {sum(s[0] for s in stored):>11,} | {sum(s[1] for s in stored):>10,} | "
-        f"{sum(s[2] for s in stored):>14,} | (the full model: {full[0]:,} / {full[1]:,} / {full[2]:,})")
+        print0(f"{r:>4} | {counts[r]:>10,} | {stored[r][0]:>11,} | {stored[r][1]:>10,} | "
+               f"{stored[r][2]:>14,} | {counts[r] / full_count:.4f}")
+    print0(f" all | {sum(counts):>10,} | {sum(s[0] for s in stored):>11,} | {sum(s[1] for s in stored):>10,} | "
+           f"{sum(s[2] for s in stored):>14,} | (the full model: {full[0]:,} / {full[1]:,} / {full[2]:,})")
 
     atol = 1e-5  # float32 sums in another order; Adam's first steps magnify tiny differences
     diff = max((p.full_tensor() - q).abs().max().item()  # full_tensor(): all-gather the shards
                for p, q in zip(model.parameters(), reference.parameters()))
-    say(f"after {args.steps} steps, FSDP weights vs one process on the whole batch: "
-        f"{'PASS' if diff <= atol else 'FAIL'} max |difference| <= {atol:g}")
+    print0(f"after {args.steps} steps, FSDP weights vs one process on the whole batch: "
+           f"{'PASS' if diff <= atol else 'FAIL'} max |difference| <= {atol:g}")
     sys.exit(0 if diff <= atol else 1)
 
 

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from c08_zero import make_model, per_rank, say, setup, train  # c08_zero.py: beside this file
+from c08_zero import make_model, per_rank, print0, setup, train  # c08_zero.py: beside this file
 
 
 def shard(model, mesh, **options):
@@ -67,15 +67,15 @@ def main():
     train(fp32_model, optimizer, batches[:args.steps])
 
     p = mp_model.blocks[0][0].weight
-    say("1. MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)")
-    say(f"   inside forward: weight {seen['weight']}, input {seen['input']}, output {seen['output']}")
-    say(f"   stored between steps: sharded weight {p.dtype}, its gradient {p.grad.dtype}, "
-        f"Adam's exp_avg {mp_optimizer.state[p]['exp_avg'].dtype}")
+    print0("1. MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)")
+    print0(f"   inside forward: weight {seen['weight']}, input {seen['input']}, output {seen['output']}")
+    print0(f"   stored between steps: sharded weight {p.dtype}, its gradient {p.grad.dtype}, "
+           f"Adam's exp_avg {mp_optimizer.state[p]['exp_avg'].dtype}")
     atol = 1e-2
     diff = max_diff(mp_model, fp32_model)
-    say(f"   after {args.steps} steps, bf16-compute weights vs fp32 weights: "
-        f"{'PASS' if diff <= atol else 'FAIL'} max |difference| <= {atol:g} "
-        f"(equal: {diff == 0}; bfloat16 keeps 8 significant bits)")
+    print0(f"   after {args.steps} steps, bf16-compute weights vs fp32 weights: "
+           f"{'PASS' if diff <= atol else 'FAIL'} max |difference| <= {atol:g} "
+           f"(equal: {diff == 0}; bfloat16 keeps 8 significant bits)")
 
     # --- 2. A sharded checkpoint with torch.distributed.checkpoint (DCP) ---
     checkpoint = Path(args.out) / "c08_checkpoint"
@@ -85,7 +85,7 @@ def main():
     model_state, optim_state = get_state_dict(fp32_model, optimizer)  # sharded: each rank its part
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=checkpoint)
     dist.barrier()
-    say(f"2. dcp.save wrote {checkpoint.name}/: {', '.join(sorted(os.listdir(checkpoint)))}")
+    print0(f"2. dcp.save wrote {checkpoint.name}/: {', '.join(sorted(os.listdir(checkpoint)))}")
     full = get_model_state_dict(fp32_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:  # full_state_dict: all-gathered (a collective); cpu_offload: only rank 0 keeps it
         torch.save(full, Path(args.out) / "c08_full_weights.pt")
@@ -105,17 +105,17 @@ def main():
     train(fp32_model, optimizer, batches[args.steps:])
     same_after_step = all(per_rank(all(torch.equal(a.to_local(), b.to_local()) for a, b in
                                        zip(restored.parameters(), fp32_model.parameters()))))
-    say(f"   dcp.load into a fresh sharded model: weights equal: {same_weights}; "
-        f"equal after one more step (Adam state restored too): {same_after_step}")
+    print0(f"   dcp.load into a fresh sharded model: weights equal: {same_weights}; "
+           f"equal after one more step (Adam state restored too): {same_after_step}")
 
     # --- 3. CPU offload: keep the shards in host memory, move them to the GPU when needed ---
     try:
         offloaded = shard(make_model(device), mesh, offload_policy=CPUOffloadPolicy())
         train(offloaded, torch.optim.Adam(offloaded.parameters(), lr=1e-3), batches[:1])
         where = offloaded.blocks[0][0].weight.to_local().device
-        say(f"3. CPUOffloadPolicy: sharded weights live on {where.type}, compute on {device.type}")
+        print0(f"3. CPUOffloadPolicy: sharded weights live on {where.type}, compute on {device.type}")
     except RuntimeError as error:
-        say(f"3. CPUOffloadPolicy on this machine: {type(error).__name__}: {error}")
+        print0(f"3. CPUOffloadPolicy on this machine: {type(error).__name__}: {error}")
     sys.exit(0 if diff <= atol and same_weights and same_after_step else 1)
 
 

@@ -43,7 +43,7 @@ def setup():
     return device
 
 
-def say(text):
+def print0(text):
     """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
@@ -114,24 +114,24 @@ def main():
 
     n_params = sum(p.numel() for p in model.parameters())
     counts = per_rank(sum(p.numel() for p in ddp_model.parameters()))
-    say(f"model: {n_params:,} parameters in {len(list(model.parameters()))} tensors, {world_size} ranks")
-    say("DDP: parameters held per rank: " + ", ".join(f"rank {r}: {c:,}" for r, c in enumerate(counts))
-        + "  (a full replica on every rank)")
+    print0(f"model: {n_params:,} parameters in {len(list(model.parameters()))} tensors, {world_size} ranks")
+    print0("DDP: parameters held per rank: " + ", ".join(f"rank {r}: {c:,}" for r, c in enumerate(counts))
+           + "  (a full replica on every rank)")
 
     owned = per_rank([sum(p.numel() for g in zero.optim.param_groups for p in g["params"])])
     full = per_rank(state_bytes(adam))
     sharded = per_rank(state_bytes(zero.optim))  # zero.optim: the local Adam over this rank's share
-    say(f"{'rank':>4} | {'params it updates':>17} | {'Adam state, DDP':>15} | {'Adam state, ZeRO-1':>18} | share")
+    print0(f"{'rank':>4} | {'params it updates':>17} | {'Adam state, DDP':>15} | {'Adam state, ZeRO-1':>18} | share")
     for r in range(world_size):
-        say(f"{r:>4} | {owned[r][0]:>17,} | {full[r]:>9,} bytes | {sharded[r]:>12,} bytes | "
-            f"{sharded[r] / full[r]:.3f}")
-    say(f"ZeRO-1 state summed over ranks: {sum(sharded):,} bytes (unsharded: {full[0]:,} bytes)")
+        print0(f"{r:>4} | {owned[r][0]:>17,} | {full[r]:>9,} bytes | {sharded[r]:>12,} bytes | "
+               f"{sharded[r] / full[r]:.3f}")
+    print0(f"ZeRO-1 state summed over ranks: {sum(sharded):,} bytes (unsharded: {full[0]:,} bytes)")
 
     atol = 1e-6
     diff = max((a - b).abs().max().item() for a, b in zip(ddp_model.parameters(), zero_model.parameters()))
     worst = max(per_rank(diff))
-    say(f"after {args.steps} steps, ZeRO-1 weights vs DDP + Adam weights (all ranks): "
-        f"{'PASS' if worst <= atol else 'FAIL'} max |difference| <= {atol:g}")
+    print0(f"after {args.steps} steps, ZeRO-1 weights vs DDP + Adam weights (all ranks): "
+           f"{'PASS' if worst <= atol else 'FAIL'} max |difference| <= {atol:g}")
     sys.exit(0 if worst <= atol else 1)
 
 

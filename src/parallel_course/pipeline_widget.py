@@ -15,13 +15,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from . import model_parallel as mp
+from . import model_parallel as pipe
 
 COLORS = {"F": "#4c78a8", "B": "#f58518"}
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 
 
-def draw_timeline(ax, ops: Sequence[mp.Op], title: str = "", labels: bool = True, unit: str = "time slot"):
+def draw_timeline(ax, ops: Sequence[pipe.Op], title: str = "", labels: bool = True, unit: str = "time slot"):
     """Draw a timeline (stage rows, time columns; forward blue, backward orange) on ``ax``."""
     n_stages = max(op.stage for op in ops) + 1
     for op in ops:
@@ -42,11 +42,11 @@ def draw_timeline(ax, ops: Sequence[mp.Op], title: str = "", labels: bool = True
 def summary(n_stages: int, n_microbatches: int) -> str:
     """Bubble and peak activations of both schedules, as plain lines."""
     lines = [f"p = {n_stages} stages, m = {n_microbatches} micro-batches",
-             f"bubble (p-1)/(m+p-1) = {mp.bubble_fraction(n_stages, n_microbatches):.1%}"]
-    for kind in mp.KINDS:
-        ops = mp.schedule(kind, n_stages, n_microbatches)
-        lines.append(f"{NAMES[kind]:>5}: {mp.makespan(ops):.0f} slots, idle {mp.idle_fraction(ops):.1%}, "
-                     f"micro-batches held per stage {mp.peak_activations(kind, n_stages, n_microbatches)}")
+             f"bubble (p-1)/(m+p-1) = {pipe.bubble_fraction(n_stages, n_microbatches):.1%}"]
+    for kind in pipe.KINDS:
+        ops = pipe.schedule(kind, n_stages, n_microbatches)
+        lines.append(f"{NAMES[kind]:>5}: {pipe.makespan(ops):.0f} slots, idle {pipe.idle_fraction(ops):.1%}, "
+                     f"micro-batches held per stage {pipe.peak_activations(kind, n_stages, n_microbatches)}")
     return "\n".join(lines)
 
 
@@ -74,10 +74,10 @@ class PipelineExplorer(widgets.VBox):
         fig = Figure(figsize=(9, 1.2 + 0.9 * p), dpi=80)
         FigureCanvasAgg(fig)
         axes = fig.subplots(2, 1, sharex=True)
-        for ax, kind in zip(axes, mp.KINDS):
-            ops = mp.schedule(kind, p, m)
-            draw_timeline(ax, ops, f"{NAMES[kind]}: idle {mp.idle_fraction(ops):.0%}, "
-                          f"held per stage {mp.peak_activations(kind, p, m)}", labels=m <= 12)
+        for ax, kind in zip(axes, pipe.KINDS):
+            ops = pipe.schedule(kind, p, m)
+            draw_timeline(ax, ops, f"{NAMES[kind]}: idle {pipe.idle_fraction(ops):.0%}, "
+                          f"held per stage {pipe.peak_activations(kind, p, m)}", labels=m <= 12)
         fig.tight_layout()
         return fig
 
