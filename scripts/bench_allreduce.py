@@ -17,7 +17,7 @@ t(S) = alpha + (2(N-1)/N) * S / beta is fitted by least squares on relative erro
 as the course's parallel_course.perf.fit_alpha_beta, copied so that this script stands alone):
 alpha is the fixed cost of one all-reduce, beta the bus bandwidth it tends to for large messages.
 
---impl ring times the course's own ring all-reduce (lab 03) instead of dist.all_reduce; --impl
+--impl ring times the course's own ring all-reduce (chapter 03) instead of dist.all_reduce; --impl
 both times the two, alternating them size by size so that both see the same machine load.
 """
 import argparse
@@ -60,7 +60,7 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size (default 5)")
     parser.add_argument("--iters", type=int, default=20, help="timed all-reduces per size (default 20)")
     parser.add_argument("--impl", choices=["torch", "ring", "both"], default="torch",
-                        help="dist.all_reduce (torch), the course's ring (lab 03), or both (default torch)")
+                        help="dist.all_reduce (torch), the course's ring (chapter 03), or both (default torch)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="print a summary line, not the table")
@@ -100,29 +100,22 @@ def setup():
 
 
 def ring_allreduce(tensor):
-    """The course's ring all-reduce, as solved in lab 03 (solutions/lab03_ring_allreduce.ipynb):
-    reduce-scatter then all-gather over N chunks, blocking send/recv, even ranks send first."""
+    """Chapter 03's ring all-reduce, for any length: reduce-scatter, then all-gather, over N chunks
+    (tensor_split: the first ones one element longer); at each step every rank sends one chunk to
+    its right neighbour and receives one from its left, both non-blocking (no deadlock to avoid)."""
     rank, n = dist.get_rank(), dist.get_world_size()
     if n == 1:
         return tensor
     right, left = (rank + 1) % n, (rank - 1) % n
     chunks = tensor.view(-1).tensor_split(n)  # views: writing a chunk writes `tensor`
-
-    def exchange(outgoing, incoming):
-        if rank % 2 == 0:
-            dist.send(outgoing, dst=right)
-            dist.recv(incoming, src=left)
-        else:
-            dist.recv(incoming, src=left)
-            dist.send(outgoing, dst=right)
-
-    for s in range(n - 1):  # reduce-scatter
-        mine = chunks[(rank - s - 1) % n]
-        incoming = torch.empty_like(mine)
-        exchange(chunks[(rank - s) % n], incoming)
-        mine.add_(incoming)
-    for s in range(n - 1):  # all-gather
-        exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n])
+    for s in range(2 * (n - 1)):
+        outgoing, arriving = chunks[(rank - s) % n], chunks[(rank - s - 1) % n]
+        reducing = s < n - 1  # the first n - 1 steps add; the others copy finished chunks into place
+        buffer = torch.empty_like(arriving) if reducing else arriving
+        for request in [dist.isend(outgoing, right), dist.irecv(buffer, left)]:
+            request.wait()
+        if reducing:
+            arriving.add_(buffer)
     return tensor
 
 

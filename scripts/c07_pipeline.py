@@ -74,13 +74,18 @@ def gpipe(n_stages, m):
 
 
 def one_f_one_b(n_stages, m):
+    """Stage s runs a forward while it holds fewer than n_stages - s micro-batches, else a backward."""
     orders = []
     for stage in range(n_stages):
-        warmup = min(n_stages - 1 - stage, m)
-        order = [("F", i) for i in range(warmup)]
-        for i in range(m - warmup):
-            order += [("F", warmup + i), ("B", i)]
-        orders.append(order + [("B", i) for i in range(m - warmup, m)])
+        order, forwards, backwards = [], 0, 0
+        while backwards < m:
+            if forwards < m and forwards - backwards < n_stages - stage:
+                order.append(("F", forwards))
+                forwards += 1
+            else:
+                order.append(("B", backwards))
+                backwards += 1
+        orders.append(order)
     return orders
 
 

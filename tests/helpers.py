@@ -1,5 +1,6 @@
-"""What several test files share: the course's notebooks, in order."""
+"""What several test files share: the course's notebooks in order, and scripts loaded as modules."""
 
+import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -13,3 +14,12 @@ LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 def chapter(notebook: Path) -> str:
     """'06a' for 06a_timing_and_bandwidth.ipynb."""
     return notebook.name.split("_")[0]
+
+
+def load_script(path: Path | str):
+    """A script of scripts/ (or any path) imported as a module, without running its main()."""
+    path = ROOT / "scripts" / path if isinstance(path, str) else path
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -7,7 +7,6 @@ bench_allreduce.py's alpha-beta fit against parallel_course.perf's (the script c
 copy), and bench_scaling.py's model of DDP's buckets against DDP's reducer.
 """
 
-import importlib.util
 import itertools
 import json
 import math
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_script
 from parallel_course import perf
 from parallel_course.launch import run_bounded_once_more_on_exit_crash
 
@@ -34,13 +34,6 @@ def launch(script, nproc, *args, timeout=90):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     return run_bounded_once_more_on_exit_crash(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
-
-
-def load(path):
-    spec = importlib.util.spec_from_file_location(f"{path.stem}_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 TINY_ALLREDUCE = ["--min-bytes", "1K", "--max-bytes", "16K", "--factor", "4", "--warmup", "1", "--iters", "3"]
@@ -112,7 +105,7 @@ def test_scaling_whole_comparison(tmp_path):
 ])
 def test_help(script, options, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        load(script).parse_args(["--help"])
+        load_script(script).parse_args(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for option in options:
@@ -135,7 +128,7 @@ def test_bad_argument_from_the_command_line():
     (["--impl", "tree"], "invalid choice"),
 ])
 def test_allreduce_bad_arguments(args, message, capsys):
-    module = load(ALLREDUCE)
+    module = load_script(ALLREDUCE)
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(args)
     assert exit_info.value.code == 2
@@ -164,7 +157,7 @@ def alpha_beta_cases():
 @pytest.mark.parametrize("sizes, times, world_size", alpha_beta_cases())
 def test_allreduce_fit_is_the_course_fit(sizes, times, world_size):
     """bench_allreduce.py stays self-contained (its own fit_alpha_beta) and agrees with perf.fit_alpha_beta."""
-    script = load(ALLREDUCE)
+    script = load_script(ALLREDUCE)
     try:
         expected = perf.fit_alpha_beta(sizes, times, world_size)
     except ValueError as error:
@@ -200,7 +193,7 @@ def test_bucket_model_is_what_ddp_builds(widths, one_rank_group):
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    script = load(SCALING)
+    script = load_script(SCALING)
     for cap in (None, 25, 1):
         torch.manual_seed(0)
         layers = []
@@ -222,7 +215,7 @@ def test_bucket_model_is_what_ddp_builds(widths, one_rank_group):
 
 
 def test_allreduce_sizes_parse():
-    module = load(ALLREDUCE)
+    module = load_script(ALLREDUCE)
     assert module.size_arg("64M") == 64 * 2**20
     assert module.size_arg("1K") == module.size_arg("1kb") == 1024
     assert module.size_arg("4096") == 4096
@@ -241,7 +234,7 @@ def test_scaling_bad_arguments(args, env, message, capsys, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    module = load(SCALING)
+    module = load_script(SCALING)
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(args)
     assert exit_info.value.code == 2

@@ -12,7 +12,6 @@ No cluster here, so:
   checkpoints go to a shared volume.
 """
 
-import importlib.util
 import os
 import re
 import shlex
@@ -27,6 +26,7 @@ import pytest
 import torch
 import yaml
 
+from helpers import load_script
 from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,10 +54,7 @@ for ((i = 0; i < SLURM_NNODES; i++)); do echo 127.0.0.1; done
 
 @pytest.fixture(scope="module")
 def train_ddp():
-    spec = importlib.util.spec_from_file_location("train_ddp_for_cluster_tests", ROOT / "scripts" / "train_ddp.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_ddp.py")
 
 
 def test_batch_script_syntax():

@@ -59,3 +59,48 @@ def test_lab_stops_only_at_not_implemented(lab):
         f"the first error must be the student's NotImplementedError, but this cell failed "
         f"with {error(first).ename}: {error(first).evalue}\n{first.source}"
     )
+
+
+def _solution_regions(source):
+    """The code between ### BEGIN SOLUTION and ### END SOLUTION, one list of lines per region."""
+    regions, current = [], None
+    for line in source.splitlines():
+        if "### BEGIN SOLUTION" in line:
+            current = []
+        elif "### END SOLUTION" in line:
+            regions.append(current)
+            current = None
+        elif current is not None:
+            current.append(line)
+    return regions
+
+
+def _distinctive(lines):
+    """Lines that say something: whitespace normalised, no comments, no short lines like `return x`."""
+    normal = (" ".join(line.split()) for line in lines)
+    return [line for line in normal if len(line) >= 20 and not line.startswith(("#", '"""'))]
+
+
+def test_no_lab_answer_is_shown_outside_solutions():
+    """A lab's answer (its solution regions) appears in no lecture, script or package module.
+
+    A region counts as shown when most of its distinctive lines (60 %, at least 2) appear in one
+    other file; a bug-hunt's fixed script shares the course's conventions with the lectures, but
+    never most of its lines."""
+    shown = {}
+    for path in [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "scripts").rglob("*.py"),
+                 *(ROOT / "src").rglob("*.py")]:
+        text = ("\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+                if path.suffix == ".ipynb" else path.read_text())
+        shown[path.relative_to(ROOT)] = {" ".join(line.split()) for line in text.splitlines()}
+    leaks = []
+    for solution in sorted((ROOT / "solutions").glob("*.ipynb")):
+        for cell in nbformat.read(solution, as_version=4).cells:
+            for region in _solution_regions(cell.source):
+                lines = _distinctive(region)
+                for where, seen in shown.items():
+                    hits = [line for line in lines if line in seen]
+                    if len(hits) >= max(2, 0.6 * len(lines)):
+                        leaks.append(f"{solution.name}: {len(hits)} of {len(lines)} lines of an answer are in {where}, "
+                                     f"e.g. {hits[0]!r}")
+    assert not leaks, "\n".join(leaks)

@@ -5,7 +5,6 @@
 - bad arguments end in one line on stderr and a non-zero exit; --help exits 0.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import load_script
 from parallel_course.launch import run_bounded_once_more_on_exit_crash
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,10 +98,7 @@ def test_help(tmp_path):
 @pytest.fixture(scope="module")
 def train_ddp():
     """The script as a module, to check its argument parsing in this process (fast)."""
-    spec = importlib.util.spec_from_file_location("train_ddp_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -54,20 +54,25 @@ def gpipe_orders(n_stages: int, n_microbatches: int) -> list[list[tuple[str, int
 
 
 def one_f_one_b_orders(n_stages: int, n_microbatches: int) -> list[list[tuple[str, int]]]:
-    """1F1B (PipeDream-flush): p - 1 - stage warm-up forwards, then alternate F and B, then drain.
+    """1F1B (PipeDream-flush), from its rule: stage s never holds more than p - s micro-batches.
 
-    A stage starts a backward as soon as it can, so it never holds more than p - stage
-    micro-batches' activations (GPipe holds all m).
+    Each stage runs a forward while it holds fewer than p - s micro-batches' activations and
+    forwards remain, otherwise the backward of its oldest micro-batch. That gives p - 1 - s
+    warm-up forwards, then one forward and one backward in turn, then the remaining backwards.
+    GPipe holds all m.
     """
     _check_sizes(n_stages, n_microbatches)
     p, m = n_stages, n_microbatches
     orders = []
     for stage in range(p):
-        warmup = min(p - 1 - stage, m)
-        order = [("F", i) for i in range(warmup)]
-        for i in range(m - warmup):
-            order += [("F", warmup + i), ("B", i)]
-        order += [("B", i) for i in range(m - warmup, m)]
+        order, forwards, backwards = [], 0, 0
+        while backwards < m:
+            if forwards < m and forwards - backwards < p - stage:
+                order.append(("F", forwards))
+                forwards += 1
+            else:
+                order.append(("B", backwards))
+                backwards += 1
         orders.append(order)
     return orders
 
