@@ -176,8 +176,7 @@ def buckets(x, y, device, out):
             optimizer.zero_grad()
         events.sort(key=lambda e: e["start"])
         label = "unset" if cap is None else str(cap)
-        setting = "unset (the default)" if cap is None else f"= {cap}"
-        print0(f"bucket_cap_mb {setting}: {counts[0]} bucket(s) at step 1, "
+        print0(f"bucket_cap_mb {'unset (default)' if cap is None else f'= {cap}'}: {counts[0]} bucket(s) at step 1, "
                f"{counts[1]} at step 2, {counts[-1]} at step 4; "
                f"step 4's backward() returned after {1e3 * (t_end - t0):.1f} ms")
         for e in events:

@@ -46,7 +46,6 @@ def setup():
 
 
 def print0(text):
-    """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
 

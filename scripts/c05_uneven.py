@@ -46,7 +46,6 @@ def setup():
 
 
 def print0(text):
-    """Print from rank 0 only, in one write (lines from several ranks never splice)."""
     if dist.get_rank() == 0:
         sys.stdout.write(text + "\n")
 
@@ -96,8 +95,7 @@ def uneven(backend, device, rank):
     print_in_rank_order(f"  with Join, rank {rank}: trained on {done[0]} batches")
     weights = [torch.empty_like(p) for p in [ddp_model.module.weight] * dist.get_world_size()]
     dist.all_gather(weights, ddp_model.module.weight.detach())
-    same = all(torch.equal(w, weights[0]) for w in weights)
-    print0(f"  with Join: weights identical on all ranks afterwards: {same}")
+    print0(f"  with Join: weights identical on all ranks after: {all(torch.equal(w, weights[0]) for w in weights)}")
 
 
 def evaluation(device, rank, world_size):

@@ -93,16 +93,16 @@ def test_ring_latency_term_grows_with_workers():
 
 def test_scaling_returns_one_prediction_per_worker_count():
     ps = cm.scaling([1, 2, 4], compute_s=1.0, model_bytes=S, bandwidth=BW)
-    assert [p.n_workers for p in ps] == [1, 2, 4]
+    assert [p.world_size for p in ps] == [1, 2, 4]
     assert ps[0].speedup == 1.0
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(n_workers=0), "n_workers must be at least 1, got 0"),
-        (dict(n_workers=-2), "n_workers must be at least 1, got -2"),
-        (dict(n_workers=2.5), "n_workers must be a whole number >= 1, got 2.5"),
+        (dict(world_size=0), "world_size must be at least 1, got 0"),
+        (dict(world_size=-2), "world_size must be at least 1, got -2"),
+        (dict(world_size=2.5), "world_size must be a whole number >= 1, got 2.5"),
         (dict(bandwidth=-1e9), "bandwidth must be a number >= 0, got -1000000000.0"),
         (dict(bandwidth=0), "bandwidth must be > 0, got 0.0"),
         (dict(latency=-1e-6), "latency must be a number >= 0, got -1e-06"),
@@ -116,9 +116,9 @@ def test_scaling_returns_one_prediction_per_worker_count():
     ],
 )
 def test_bad_arguments_raise_one_clear_message(kwargs, message):
-    args = dict(n_workers=4, compute_s=0.1, model_bytes=S, bandwidth=BW, latency=0.0)
+    args = dict(world_size=4, compute_s=0.1, model_bytes=S, bandwidth=BW, latency=0.0)
     args.update(kwargs)
-    n = args.pop("n_workers")
+    n = args.pop("world_size")
     with pytest.raises(ValueError) as info:
         cm.predict(n, **args)
     assert str(info.value) == message
@@ -126,7 +126,7 @@ def test_bad_arguments_raise_one_clear_message(kwargs, message):
 
 
 def test_traffic_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="n_workers must be at least 1"):
+    with pytest.raises(ValueError, match="world_size must be at least 1"):
         cm.traffic("ring", 0, S)
     with pytest.raises(ValueError, match="model_bytes must be a number >= 0"):
         cm.traffic("ps", 2, -5)
@@ -136,7 +136,7 @@ def test_explorer_shows_the_model_prediction():
     pytest.importorskip("ipywidgets")
     from parallel_course.widgets import GBIT, cost_model_explorer
 
-    e = cost_model_explorer(n_workers=4, compute_ms=500, model_mb=100, bandwidth_gbit=8,
+    e = cost_model_explorer(world_size=4, compute_ms=500, model_mb=100, bandwidth_gbit=8,
                             latency_us=0, overlap=0.0, algorithm="ring")
     p = cm.predict(4, compute_s=0.5, model_bytes=S, bandwidth=8 * GBIT)  # 8 Gbit/s = 1 GB/s
     assert e.prediction() == p

@@ -71,7 +71,7 @@ def test_torchrun_returns_the_workers_output(tmp_path):
 
     script = tmp_path / "job.py"
     script.write_text("import os\nif os.environ['RANK'] == '0': print('world', os.environ['WORLD_SIZE'])\n")
-    assert torchrun(str(script), nproc=2) == "world 2\n"
+    assert torchrun(str(script), world_size=2) == "world 2\n"
 
 
 def test_torchrun_raises_on_a_failed_job_and_on_a_stub(tmp_path):
@@ -80,11 +80,11 @@ def test_torchrun_raises_on_a_failed_job_and_on_a_stub(tmp_path):
     failing = tmp_path / "fail.py"
     failing.write_text("raise ValueError('bad worker')\n")
     with pytest.raises(LaunchFailed, match="bad worker"):
-        torchrun(str(failing), nproc=1)
+        torchrun(str(failing), world_size=1)
     stub = tmp_path / "stub.py"
     stub.write_text("# YOUR CODE HERE\nraise NotImplementedError()\n")
     with pytest.raises(NotImplementedError):
-        torchrun(str(stub), nproc=1)
+        torchrun(str(stub), world_size=1)
 
 
 def test_torchrun_restarts_the_job_when_asked(tmp_path):
@@ -95,8 +95,8 @@ def test_torchrun_restarts_the_job_when_asked(tmp_path):
                       "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0': sys.exit('first attempt fails')\n"
                       "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'])\n")
     with pytest.raises(LaunchFailed, match="first attempt fails"):
-        torchrun(str(script), nproc=1)
-    assert torchrun(str(script), nproc=1, max_restarts=1) == "attempt 1\n"
+        torchrun(str(script), world_size=1)
+    assert torchrun(str(script), world_size=1, max_restarts=1) == "attempt 1\n"
     with pytest.raises(ValueError, match="max_restarts"):
         torchrun(str(script), max_restarts=-1)
 

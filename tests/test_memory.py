@@ -42,10 +42,10 @@ def test_max_params_inverts_per_rank_bytes():
     assert memory.max_params(80e9, 1, "DDP") == pytest.approx(5e9)
 
 
-@pytest.mark.parametrize("bad", [dict(stage=4), dict(stage="ZeRO-4"), dict(n_ranks=0),
+@pytest.mark.parametrize("bad", [dict(stage=4), dict(stage="ZeRO-4"), dict(world_size=0),
                                  dict(precision_name="fp8")])
 def test_rejects_bad_arguments(bad):
-    kwargs = dict(n_params=10, n_ranks=2, stage=1, precision_name="mixed") | bad
+    kwargs = dict(n_params=10, world_size=2, stage=1, precision_name="mixed") | bad
     with pytest.raises(ValueError):
         memory.per_rank_bytes(**kwargs)
 

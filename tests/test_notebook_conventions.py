@@ -48,16 +48,16 @@ def test_explorers_follow_their_controls():
     pipe.microbatches.value = 6
     assert pipe.result.value != before and "m = 6" in pipe.result.value
 
-    ring = ring_allreduce_explorer(n=3)
+    ring = ring_allreduce_explorer(world_size=3)
     before = ring.view.value
-    ring.n.value = 5
+    ring.world_size.value = 5
     assert ring.view.value != before and ring.step.max == 2 * (5 - 1)
 
-    zero = zero_calculator(n_ranks=64)
+    zero = zero_calculator(world_size=64)
     before = (zero.result.value, zero.plot.value)
-    ranks = zero.controls["n_ranks"]
+    ranks = zero.controls["world_size"]
     ranks.value = ranks.options[0]
-    assert zero.kwargs["n_ranks"] == ranks.options[0]
+    assert zero.kwargs["world_size"] == ranks.options[0]
     assert zero.result.value != before[0] and zero.plot.value != before[1]
 
 

@@ -55,7 +55,7 @@ class Message:
 class Trace:
     """What a simulated all-reduce did: its results, messages, and the state after each step."""
 
-    n: int
+    world_size: int
     results: list[torch.Tensor]
     messages: list[Message] = field(default_factory=list)
     # states[k][rank][chunk]: the ranks whose contributions chunk `chunk` of `rank` holds
@@ -64,13 +64,13 @@ class Trace:
 
     def bytes_sent(self) -> list[int]:
         """Bytes each rank sent, in rank order."""
-        sent = [0] * self.n
+        sent = [0] * self.world_size
         for m in self.messages:
             sent[m.src] += m.nbytes
         return sent
 
     def bytes_received(self) -> list[int]:
-        received = [0] * self.n
+        received = [0] * self.world_size
         for m in self.messages:
             received[m.dst] += m.nbytes
         return received
@@ -115,7 +115,7 @@ def ring_allreduce(tensors: list[torch.Tensor]) -> Trace:
     bounds = chunk_bounds(data[0].numel(), n)
     itemsize = data[0].element_size()
     contrib = [[frozenset({r}) for _ in range(n)] for r in range(n)]
-    trace = Trace(n=n, results=[], states=[[list(row) for row in contrib]])
+    trace = Trace(world_size=n, results=[], states=[[list(row) for row in contrib]])
 
     for phase in PHASES:
         for s in range(n - 1):
@@ -154,7 +154,7 @@ def naive_ring_allreduce(tensors: list[torch.Tensor]) -> Trace:
     passing = [t.detach().flatten().clone() for t in tensors]
     holds = [frozenset({r}) for r in range(n)]
     passing_from = [frozenset({r}) for r in range(n)]
-    trace = Trace(n=n, results=[], states=[[[h] for h in holds]])
+    trace = Trace(world_size=n, results=[], states=[[[h] for h in holds]])
     for s in range(n - 1):
         received = [None] * n
         for r in range(n):

@@ -39,12 +39,12 @@ ALGORITHMS = ("ring", "ps")
 # --- argument checks: one clear, one-line message each ----------------------------------------
 
 
-def _check_workers(n_workers) -> int:
-    if isinstance(n_workers, bool) or not isinstance(n_workers, numbers.Integral):
-        raise ValueError(f"n_workers must be a whole number >= 1, got {n_workers!r}")
-    if n_workers < 1:
-        raise ValueError(f"n_workers must be at least 1, got {n_workers}")
-    return int(n_workers)
+def _check_workers(world_size) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    return int(world_size)
 
 
 def _check_nonnegative(name: str, value) -> float:
@@ -82,7 +82,7 @@ class Traffic:
     messages: int  # sequential messages on the busiest link: each one pays the latency once
 
 
-def traffic(algorithm: str, n_workers: int, model_bytes: float) -> Traffic:
+def traffic(algorithm: str, world_size: int, model_bytes: float) -> Traffic:
     """Bytes sent and received per step to average a gradient of ``model_bytes`` (S) bytes.
 
     - ``"ps"``: each worker sends S and receives S; the server receives N·S and sends N·S, as
@@ -91,7 +91,7 @@ def traffic(algorithm: str, n_workers: int, model_bytes: float) -> Traffic:
     - N = 1: nothing (no one to average with).
     """
     algorithm = _check_algorithm(algorithm)
-    n = _check_workers(n_workers)
+    n = _check_workers(world_size)
     s = _check_nonnegative("model_bytes", model_bytes)
     if n == 1:
         return Traffic(0.0, 0.0, 0.0, 0.0, 0)
@@ -113,9 +113,9 @@ def message_time(nbytes: float, bandwidth: float, latency: float) -> float:
 
 
 def comm_time(
-    algorithm: str, n_workers: int, model_bytes: float, bandwidth: float, latency: float = 0.0
+    algorithm: str, world_size: int, model_bytes: float, bandwidth: float, latency: float = 0.0
 ) -> float:
-    """Seconds to average a gradient of ``model_bytes`` over ``n_workers`` (α–β model).
+    """Seconds to average a gradient of ``model_bytes`` over ``world_size`` (α–β model).
 
     - ``"ps"``:   2N·(α + S/β) — N pushes, then N pulls, one after another on the server's link
                   (it has one link of bandwidth β, like every worker).
@@ -123,7 +123,7 @@ def comm_time(
     - N = 1:      0.
     """
     algorithm = _check_algorithm(algorithm)
-    n = _check_workers(n_workers)
+    n = _check_workers(world_size)
     s = _check_nonnegative("model_bytes", model_bytes)
     if n == 1:
         _check_positive("bandwidth", bandwidth)
@@ -136,9 +136,9 @@ def comm_time(
 
 @dataclass(frozen=True)
 class StepPrediction:
-    """One predicted training step with ``n_workers`` workers (times in seconds)."""
+    """One predicted training step with ``world_size`` workers (times in seconds)."""
 
-    n_workers: int
+    world_size: int
     compute_s: float  # forward + backward on one worker's batch
     comm_s: float  # gradient averaging, if nothing overlapped
     hidden_s: float  # part of comm_s that ran during compute
@@ -148,7 +148,7 @@ class StepPrediction:
 
 
 def predict(
-    n_workers: int,
+    world_size: int,
     *,
     compute_s: float,
     model_bytes: float,
@@ -167,7 +167,7 @@ def predict(
     larger global batch reaches the same accuracy in fewer steps is a separate question, about
     optimization, not about this model.)
     """
-    n = _check_workers(n_workers)
+    n = _check_workers(world_size)
     compute = _check_positive("compute_s", compute_s)
     overlap = _check_nonnegative("overlap", overlap)
     if overlap > 1:

@@ -101,21 +101,21 @@ class LaunchFailed(RuntimeError):
     """A torchrun launch exited with an error; the message ends with the workers' last lines."""
 
 
-def torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 60, max_restarts: int = 0) -> str:
-    """Run ``torchrun --standalone --nproc_per_node=nproc [--max-restarts=N] script args...``, bounded.
+def torchrun(script: str, *args: str, world_size: int = 2, timeout: float = 60, max_restarts: int = 0) -> str:
+    """Run ``torchrun --standalone --nproc_per_node=world_size [--max-restarts=N] script args...``, bounded.
 
     For check cells, where a failure must fail the cell (``!torchrun`` never does): prints and
     returns the workers' standard output; raises ``LaunchFailed`` with the end of their error
     output if the job fails, or ``NotImplementedError`` if it failed on a ``# YOUR CODE HERE``
     stub that is still to be written.
     """
-    if nproc < 1:
-        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     bin_dir = Path(sys.executable).parent
     restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
-    cmd = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", *restarts, script, *args]
+    cmd = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={world_size}", *restarts, script, *args]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     try:

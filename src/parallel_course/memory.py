@@ -79,7 +79,7 @@ def _stage_index(stage: str | int) -> int:
     return STAGES.index(stage)
 
 
-def per_rank_breakdown(n_params: float, n_ranks: int, stage: str | int,
+def per_rank_breakdown(n_params: float, world_size: int, stage: str | int,
                        precision_name: str = "mixed") -> dict[str, float]:
     """Bytes of model states on each rank, by part, for a ZeRO stage (0/"DDP" .. 3/"ZeRO-3").
 
@@ -88,32 +88,32 @@ def per_rank_breakdown(n_params: float, n_ranks: int, stage: str | int,
     """
     if n_params < 0:
         raise ValueError(f"n_params must be >= 0, got {n_params}")
-    if n_ranks < 1:
-        raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
     s = _stage_index(stage)
     p = precision(precision_name)
     return {
-        "weights": p.weights * n_params / (n_ranks if s >= 3 else 1),
-        "gradients": p.gradients * n_params / (n_ranks if s >= 2 else 1),
-        "optimizer states": p.optimizer * n_params / (n_ranks if s >= 1 else 1),
+        "weights": p.weights * n_params / (world_size if s >= 3 else 1),
+        "gradients": p.gradients * n_params / (world_size if s >= 2 else 1),
+        "optimizer states": p.optimizer * n_params / (world_size if s >= 1 else 1),
     }
 
 
-def per_rank_bytes(n_params: float, n_ranks: int, stage: str | int,
+def per_rank_bytes(n_params: float, world_size: int, stage: str | int,
                    precision_name: str = "mixed") -> float:
     """Bytes of model states on each rank (the sum of ``per_rank_breakdown``)."""
-    return sum(per_rank_breakdown(n_params, n_ranks, stage, precision_name).values())
+    return sum(per_rank_breakdown(n_params, world_size, stage, precision_name).values())
 
 
-def per_rank_table(n_params: float, n_ranks: int, precision_name: str = "mixed") -> dict[str, float]:
+def per_rank_table(n_params: float, world_size: int, precision_name: str = "mixed") -> dict[str, float]:
     """Stage name -> bytes of model states per rank, for every stage."""
-    return {stage: per_rank_bytes(n_params, n_ranks, stage, precision_name) for stage in STAGES}
+    return {stage: per_rank_bytes(n_params, world_size, stage, precision_name) for stage in STAGES}
 
 
-def max_params(memory_bytes: float, n_ranks: int, stage: str | int,
+def max_params(memory_bytes: float, world_size: int, stage: str | int,
                precision_name: str = "mixed") -> float:
     """The most parameters whose model states fit in ``memory_bytes`` per rank (nothing else)."""
-    return memory_bytes / per_rank_bytes(1, n_ranks, stage, precision_name)
+    return memory_bytes / per_rank_bytes(1, world_size, stage, precision_name)
 
 
 # --- what torch actually allocates -------------------------------------------------------------

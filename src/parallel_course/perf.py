@@ -117,11 +117,11 @@ def speedup(throughput: float, baseline: float) -> float:
     return throughput / baseline
 
 
-def efficiency(throughput: float, baseline: float, n_processes: int) -> float:
+def efficiency(throughput: float, baseline: float, world_size: int) -> float:
     """Scaling efficiency: speedup / N (1.0 = perfect linear scaling)."""
-    if n_processes < 1:
-        raise ValueError(f"n_processes must be at least 1, got {n_processes}")
-    return speedup(throughput, baseline) / n_processes
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    return speedup(throughput, baseline) / world_size
 
 
 def overlap_fraction(t_compute: float, t_comm: float, t_step: float) -> float:

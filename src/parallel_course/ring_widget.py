@@ -28,7 +28,7 @@ def _color(count: int, n: int) -> str:
 
 def render(trace: collectives.Trace, k: int) -> str:
     """HTML for the state after ``k`` steps: the rank x chunk grid, the step's messages, bytes."""
-    n = trace.n
+    n = trace.world_size
     steps = trace.steps()
     table = trace.states[k]
     chunked = bool(trace.messages) and trace.messages[0].chunk is not None
@@ -69,21 +69,22 @@ def render(trace: collectives.Trace, k: int) -> str:
 class RingExplorer(widgets.VBox):
     """Sliders for the world size N and the step; the ring's state after that step."""
 
-    def __init__(self, n: int = 4, step: int = 0, naive: bool = False):
-        self.n = widgets.IntSlider(value=n, min=2, max=8, description="ranks N", continuous_update=False)
-        self.step = widgets.IntSlider(value=step, min=0, max=2 * (n - 1), description="step")
+    def __init__(self, world_size: int = 4, step: int = 0, naive: bool = False):
+        self.world_size = widgets.IntSlider(value=world_size, min=2, max=8, description="ranks N",
+                                            continuous_update=False)
+        self.step = widgets.IntSlider(value=step, min=0, max=2 * (world_size - 1), description="step")
         self.algorithm = widgets.ToggleButtons(
             options=[("ring: reduce-scatter + all-gather", False), ("naive: pass whole tensors", True)],
             value=naive,
         )
         self.view = widgets.HTML()
-        for control in (self.n, self.step, self.algorithm):
+        for control in (self.world_size, self.step, self.algorithm):
             control.observe(self._update, names="value")
-        super().__init__([self.algorithm, self.n, self.step, self.view])
+        super().__init__([self.algorithm, self.world_size, self.step, self.view])
         self._update()
 
     def trace(self) -> collectives.Trace:
-        tensors = [torch.zeros(NUMEL) for _ in range(self.n.value)]
+        tensors = [torch.zeros(NUMEL) for _ in range(self.world_size.value)]
         simulate = collectives.naive_ring_allreduce if self.algorithm.value else collectives.ring_allreduce
         return simulate(tensors)
 
@@ -96,9 +97,9 @@ class RingExplorer(widgets.VBox):
 
     def __repr__(self) -> str:
         kind = "naive" if self.algorithm.value else "ring"
-        return f"RingExplorer({kind}, N={self.n.value}, step={self.step.value})"
+        return f"RingExplorer({kind}, N={self.world_size.value}, step={self.step.value})"
 
 
-def ring_allreduce_explorer(n: int = 4, step: int = 0, naive: bool = False) -> RingExplorer:
+def ring_allreduce_explorer(world_size: int = 4, step: int = 0, naive: bool = False) -> RingExplorer:
     """An explorer of the simulated ring all-reduce: pick N and a step, see who holds what."""
-    return RingExplorer(n=n, step=step, naive=naive)
+    return RingExplorer(world_size=world_size, step=step, naive=naive)

@@ -31,7 +31,7 @@ class CostModelExplorer(widgets.VBox):
 
     def __init__(
         self,
-        n_workers: int = 8,
+        world_size: int = 8,
         compute_ms: float = 100.0,
         model_mb: float = 100.0,
         bandwidth_gbit: float = 10.0,
@@ -43,8 +43,8 @@ class CostModelExplorer(widgets.VBox):
         layout = widgets.Layout(width="520px")
         common = dict(style=style, layout=layout, continuous_update=False)
         self.controls = {
-            "n_workers": widgets.IntSlider(
-                value=n_workers, min=1, max=self.N_MAX, description="workers N", **common
+            "world_size": widgets.IntSlider(
+                value=world_size, min=1, max=self.N_MAX, description="workers N", **common
             ),
             "compute_ms": widgets.FloatLogSlider(
                 value=compute_ms, base=10, min=0, max=4, step=0.05,
@@ -95,21 +95,21 @@ class CostModelExplorer(widgets.VBox):
         )
 
     def prediction(self) -> costmodel.StepPrediction:
-        return costmodel.predict(self.controls["n_workers"].value, **self.config())
+        return costmodel.predict(self.controls["world_size"].value, **self.config())
 
     def summary(self) -> str:
         """The prediction for the current settings, rounded for display."""
         p = self.prediction()
-        t = costmodel.traffic(self.config()["algorithm"], p.n_workers, self.config()["model_bytes"])
+        t = costmodel.traffic(self.config()["algorithm"], p.world_size, self.config()["model_bytes"])
         lines = [
-            f"N = {p.n_workers} workers, {self.controls['algorithm'].label}",
+            f"N = {p.world_size} workers, {self.controls['algorithm'].label}",
             f"each worker sends     {t.worker_sends / MB:9.1f} MB per step",
             f"the server receives   {t.server_receives / MB:9.1f} MB per step",
             f"compute               {p.compute_s * 1e3:9.1f} ms",
             f"communication         {p.comm_s * 1e3:9.1f} ms",
             f"  of it hidden        {p.hidden_s * 1e3:9.1f} ms",
             f"predicted step        {p.step_s * 1e3:9.1f} ms",
-            f"speedup (throughput)  {p.speedup:9.2f}  (ideal: {p.n_workers})",
+            f"speedup (throughput)  {p.speedup:9.2f}  (ideal: {p.world_size})",
             f"efficiency            {p.efficiency:9.0%}",
         ]
         if self.config()["algorithm"] == "ring":
@@ -136,7 +136,7 @@ class CostModelExplorer(widgets.VBox):
             ax.plot(ns, [p.speedup for p in curve], label=label,
                     linewidth=2 if chosen else 1, alpha=1 if chosen else 0.5)
         p = self.prediction()
-        ax.plot([p.n_workers], [p.speedup], "o", color="black")
+        ax.plot([p.world_size], [p.speedup], "o", color="black")
         ax.set_xlabel("workers N")
         ax.set_ylabel("predicted speedup (throughput)")
         ax.set_title("cost-model prediction, not a measurement", fontsize=10)
@@ -154,7 +154,7 @@ class CostModelExplorer(widgets.VBox):
         # (ipywidgets cuts it at 110 characters: keep it short.)
         v = {name: control.value for name, control in self.controls.items()}
         return (
-            f"CostModelExplorer(N={v['n_workers']}, {v['algorithm']}, "
+            f"CostModelExplorer(N={v['world_size']}, {v['algorithm']}, "
             f"compute_ms={v['compute_ms']:g}, model_mb={v['model_mb']:g}, "
             f"bandwidth_gbit={v['bandwidth_gbit']:g}, latency_us={v['latency_us']:g}, "
             f"overlap={v['overlap']:g})"
@@ -164,7 +164,7 @@ class CostModelExplorer(widgets.VBox):
 def cost_model_explorer(**defaults) -> CostModelExplorer:
     """An explorer of ``costmodel.predict``: sliders, the predicted step, speedup against N.
 
-    Keyword arguments set the starting values (``n_workers``, ``compute_ms``, ``model_mb``,
+    Keyword arguments set the starting values (``world_size``, ``compute_ms``, ``model_mb``,
     ``bandwidth_gbit``, ``latency_us``, ``overlap``, ``algorithm``).
     """
     return CostModelExplorer(**defaults)

@@ -18,18 +18,18 @@ RANKS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 PART_COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer states": "#55a868"}
 
 
-def summary(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed",
+def summary(params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
             gpu_gb: float = 80.0) -> str:
     """Model-state memory per rank for every stage, as aligned lines (GB = 10^9 bytes)."""
     n_params = params_billion * 1e9
     p = memory.precision(precision)
     lines = [
-        f"{params_billion:g} B parameters, N = {n_ranks} ranks, {p.name}:",
+        f"{params_billion:g} B parameters, N = {world_size} ranks, {p.name}:",
         f"  {p.weights} + {p.gradients} + {p.optimizer} = {p.total} bytes per parameter",
         f"  {'':8} {'weights':>9} {'grads':>9} {'optim':>9} {'per rank':>10}   fits in {gpu_gb:g} GB?",
     ]
     for stage in memory.STAGES:
-        parts = memory.per_rank_breakdown(n_params, n_ranks, stage, precision)
+        parts = memory.per_rank_breakdown(n_params, world_size, stage, precision)
         total = sum(parts.values())
         fits = "yes" if total <= gpu_gb * memory.GB else "no"
         lines.append(
@@ -40,7 +40,7 @@ def summary(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mi
     return "\n".join(lines)
 
 
-def draw(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed",
+def draw(params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
          gpu_gb: float = 80.0) -> Figure:
     """Left: per-rank memory by part at this N. Right: per-rank memory against N, every stage."""
     n_params = params_billion * 1e9
@@ -48,7 +48,7 @@ def draw(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed
     left, right = fig.subplots(1, 2)
 
     bottoms = [0.0] * len(memory.STAGES)
-    breakdowns = [memory.per_rank_breakdown(n_params, n_ranks, s, precision) for s in memory.STAGES]
+    breakdowns = [memory.per_rank_breakdown(n_params, world_size, s, precision) for s in memory.STAGES]
     for part, color in PART_COLORS.items():
         heights = [b[part] / memory.GB for b in breakdowns]
         left.bar(memory.STAGES, heights, bottom=bottoms, color=color, label=part)
@@ -58,14 +58,14 @@ def draw(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed
                       ha="center", va="bottom", fontsize=8)
     left.axhline(gpu_gb, color="black", linestyle="--", linewidth=1, label=f"{gpu_gb:g} GB device")
     left.set_ylabel("GB per rank (model states)")
-    left.set_title(f"{params_billion:g} B parameters, N = {n_ranks}, {precision}", fontsize=10)
+    left.set_title(f"{params_billion:g} B parameters, N = {world_size}, {precision}", fontsize=10)
     left.legend(fontsize=8)
 
     for stage in memory.STAGES:
         right.plot(RANKS, [memory.per_rank_bytes(n_params, n, stage, precision) / memory.GB
                            for n in RANKS], marker=".", label=stage)
     right.axhline(gpu_gb, color="black", linestyle="--", linewidth=1)
-    right.axvline(n_ranks, color="0.6", linestyle=":", linewidth=1)
+    right.axvline(world_size, color="0.6", linestyle=":", linewidth=1)
     right.set_xscale("log", base=2)
     right.set_xticks(RANKS[::2], [str(n) for n in RANKS[::2]])
     right.set_yscale("log")
@@ -86,7 +86,7 @@ class ZeroCalculator(widgets.VBox):
     and a notebook cell that shows the calculator stores the same text every time.
     """
 
-    def __init__(self, params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed",
+    def __init__(self, params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
                  gpu_gb: float = 80.0):
         style = {"description_width": "160px"}
         common = dict(style=style, layout=widgets.Layout(width="480px"), continuous_update=False)
@@ -94,8 +94,8 @@ class ZeroCalculator(widgets.VBox):
             "params_billion": widgets.FloatLogSlider(
                 value=params_billion, base=10, min=-1, max=3, step=0.05,
                 description="parameters (billions)", readout_format=".3g", **common),
-            "n_ranks": widgets.SelectionSlider(
-                options=RANKS, value=n_ranks, description="ranks N", **common),
+            "world_size": widgets.SelectionSlider(
+                options=RANKS, value=world_size, description="ranks N", **common),
             "precision": widgets.ToggleButtons(
                 options=[("mixed (2+2+12)", "mixed"), ("fp32 (4+4+8)", "fp32")], value=precision,
                 description="precision", style=style),
@@ -123,11 +123,11 @@ class ZeroCalculator(widgets.VBox):
 
     def __repr__(self) -> str:
         kw = self.kwargs
-        return (f"ZeroCalculator(params_billion={kw['params_billion']:g}, n_ranks={kw['n_ranks']}, "
+        return (f"ZeroCalculator(params_billion={kw['params_billion']:g}, world_size={kw['world_size']}, "
                 f"precision={kw['precision']!r}, gpu_gb={kw['gpu_gb']:g})")
 
 
-def zero_calculator(params_billion: float = 7.5, n_ranks: int = 64, precision: str = "mixed",
+def zero_calculator(params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
                     gpu_gb: float = 80.0) -> ZeroCalculator:
     """Sliders for the parameter count, N, precision and device memory; a figure and a table."""
-    return ZeroCalculator(params_billion, n_ranks, precision, gpu_gb)
+    return ZeroCalculator(params_billion, world_size, precision, gpu_gb)
