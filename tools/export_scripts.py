@@ -12,31 +12,19 @@ exported in its final form.
 """
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
-import nbformat
+from parallel_course.scriptdiff import written_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
-# [ \t]*, not \s*: the blank lines that open an appended part belong to the script.
-WRITEFILE = re.compile(r"^%%writefile[ \t]+(-a[ \t]+)?work/(\S+)[ \t]*\n")
 
 
 def last_writefiles(notebooks: list[Path]) -> dict[str, str]:
-    """File name -> what the last %%writefile cell of that name and the appends after it write."""
+    """File name -> its last version, over the notebooks in order (parallel_course.scriptdiff)."""
     scripts: dict[str, str] = {}
     for path in notebooks:
-        for cell in nbformat.read(path, as_version=4).cells:
-            m = WRITEFILE.match(cell.source) if cell.cell_type == "code" else None
-            if not m:
-                continue
-            append, name = m.groups()
-            if append and name not in scripts:
-                raise ValueError(f"{path.name}: %%writefile -a work/{name} before any %%writefile of it")
-            # IPython writes the cell body followed by a newline.
-            body = cell.source[m.end():].rstrip("\n") + "\n"
-            scripts[name] = scripts[name] + body if append else body
+        scripts.update({name: versions[-1] for name, versions in written_scripts(path).items()})
     return scripts
 
 
