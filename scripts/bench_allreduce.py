@@ -77,6 +77,7 @@ def parse_args(argv=None):
 
 
 def free_port():
+    """A port the operating system says is free (plain `python` runs): never a fixed number."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return str(s.getsockname()[1])
@@ -85,10 +86,8 @@ def free_port():
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
     for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")]:
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
         os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = free_port()
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
         backend, device = "nccl", torch.device("cuda", local_rank)
@@ -96,7 +95,7 @@ def setup():
     else:
         backend, device = "gloo", torch.device("cpu")
     dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return backend, device
+    return device
 
 
 def ring_allreduce(tensor):
@@ -168,7 +167,8 @@ def fit_alpha_beta(sizes, times, world_size):
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
-    backend, device = setup()
+    device = setup()
+    backend = dist.get_backend()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     impls = ["torch", "ring"] if args.impl == "both" else [args.impl]
     sizes = []

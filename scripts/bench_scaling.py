@@ -254,18 +254,17 @@ def ddp_run(name, batch, args, device):
 
 
 def free_port():
+    """A port the operating system says is free (plain `python` runs): never a fixed number."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return str(s.getsockname()[1])
 
 
-def setup(device_hint=None):
+def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
     for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")]:
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
         os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = free_port()
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
         backend, device = "nccl", torch.device("cuda", local_rank)
@@ -273,7 +272,7 @@ def setup(device_hint=None):
     else:
         backend, device = "gloo", torch.device("cpu")
     dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return backend, device
+    return device
 
 
 def launch(n, args, out):
@@ -330,7 +329,8 @@ def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
     launched = "RANK" in os.environ  # under torchrun: DDP at this world size only
-    backend, device = setup()
+    device = setup()
+    backend = dist.get_backend()
     rank = dist.get_rank()
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     children = [n for n in args.nprocs if n > 1] if not launched else []

@@ -42,7 +42,7 @@ def setup():
     else:
         backend, device = "gloo", torch.device("cpu")
     dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return backend, device
+    return device
 
 
 def print0(text):
@@ -140,10 +140,10 @@ def evaluation(device, rank, world_size):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
-    backend, device = setup()
+    device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     print0("1. Uneven inputs: rank 0 has 5 batches, rank 1 has 3:")
-    uneven(backend, device, rank)
+    uneven(dist.get_backend(), device, rank)
     print0("2. Evaluation under sampler padding:")
     evaluation(device, rank, world_size)
 

@@ -27,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 
 def free_port():
+    """A port the operating system says is free (plain `python` runs): never a fixed number."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return str(s.getsockname()[1])
@@ -35,10 +36,8 @@ def free_port():
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
     for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")]:
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
         os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = free_port()
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
         backend, device = "nccl", torch.device("cuda", local_rank)
@@ -46,7 +45,7 @@ def setup():
     else:
         backend, device = "gloo", torch.device("cpu")
     dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return backend, device
+    return device
 
 
 def mlp(width, depth, classes, seed, device):
@@ -166,7 +165,8 @@ def main():
         parser.error(f"--out {args.out} exists and is not a folder")
     if not torch.cuda.is_available():
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    backend, device = setup()
+    device = setup()
+    backend = dist.get_backend()
     world_size = dist.get_world_size()
 
     amp_dtype, scaled, losses, identical = amp_training(device, args.steps)

@@ -45,7 +45,7 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=TIMEOUT)
+    dist.init_process_group(backend, timeout=timedelta(seconds=30))
     return device
 
 

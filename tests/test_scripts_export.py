@@ -1,5 +1,6 @@
 """Each script the notebooks write is exported, unchanged, to scripts/."""
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -40,3 +41,43 @@ def test_every_tool_is_described_in_its_readme_and_none_is_left_in_scripts():
     for path in sorted((ROOT / "tools").glob("*.py")):
         assert f"`{path.name}`" in readme, f"tools/README.md does not describe {path.name}"
         assert not (ROOT / "scripts" / path.name).exists(), f"{path.name} is an authoring tool: tools/ only"
+
+
+# One way to join the process group. Chapters 00, 03 and 04 teach it (inline, torchrun only, then
+# with mp.spawn), train_ddp.py grows its own (a group of one in memory, a store per restart), and
+# chapters 09-10 show the store and the node by hand; every other script that joins a group
+# carries the canonical `free_port()` + `setup()` of c05_inside.py, verbatim (scripts/README.md).
+OWN_SETUP = {
+    "hello_allreduce.py": "00: the first script, inline and commented",
+    "c03_ranks.py": "03 teaches the block, under torchrun only",
+    "c03_p2p.py": "03", "c03_collectives.py": "03", "c03_ring.py": "03",
+    "c03_spawn_worker.py": "03: mp.spawn meets through tcp://",
+    "c04_ranks.py": "04: two emulated nodes, the environment by hand",
+    "c04_spawn.py": "04: mp.spawn sets the environment itself",
+    "train_ddp.py": "04, 09: a group of one in memory, a store per restart",
+    "c09_debug.py": "09: stores by hand (the stale-store demo)",
+    "c10_whoami.py": "10: requires torchrun's node variables",
+}
+
+
+def _functions(path):
+    source = path.read_text()
+    return {node.name: ast.get_source_segment(source, node)
+            for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+
+
+def test_every_script_joins_the_group_with_the_one_setup_block():
+    canonical = _functions(ROOT / "scripts" / "c05_inside.py")
+    canonical = {name: canonical[name] for name in ("free_port", "setup")}
+    users = []
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        if "init_process_group" not in path.read_text() or path.name in OWN_SETUP:
+            continue
+        users.append(path.name)
+        functions = _functions(path)
+        for name, body in canonical.items():
+            assert functions.get(name) == body, (
+                f"scripts/{path.name}: {name}() differs from the canonical block in c05_inside.py "
+                f"(copy it verbatim, or list the script in OWN_SETUP with the reason)")
+    assert len(users) >= 8, users  # the rule covers the chapter scripts, not a handful
+    assert set(OWN_SETUP) <= {p.name for p in (ROOT / "scripts").glob("*.py")}
