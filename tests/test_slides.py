@@ -1,5 +1,7 @@
-"""`make slides` decks work offline: reveal.js starts, there are slides, math is typeset, and
-no request leaves the machine. A screenshot of one slide is kept in build/test-artifacts/."""
+"""`make slides` decks work offline: reveal.js starts, there are slides and speaker notes, no
+slide overflows its frame, math is typeset, and no request leaves the machine. A screenshot of
+one slide is kept in build/test-artifacts/. The slide view itself (tools/slide_view.py) is
+tested without a browser in tests/test_slide_view.py."""
 
 import os
 import re
@@ -14,6 +16,22 @@ from helpers import LECTURES
 from parallel_course.launch import run_bounded
 
 MATH = re.compile(r"\$[^$\n]+\$")
+# Each slide's content height, laid out whether or not it is the current slide, and the frame
+# reveal.js scales to the window (nbconvert's template: 960 x 700).
+SLIDE_HEIGHTS = """() => {
+  const frame = parseFloat(getComputedStyle(document.querySelector('.reveal .slides')).height);
+  const out = [];
+  [...document.querySelectorAll('.reveal .slides > section')].forEach((s, h) => {
+    const subs = [...s.querySelectorAll(':scope > section')];
+    (subs.length ? subs : [s]).forEach((sub, v) => {
+      const saved = [s.style.display, sub.style.display];
+      s.style.display = 'block'; sub.style.display = 'block';
+      out.push([`#/${h}/${v}`, sub.scrollHeight]);
+      [s.style.display, sub.style.display] = saved;
+    });
+  });
+  return [frame, out];
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +92,11 @@ def test_deck_works_offline(decks, notebook):
         page.goto(decks[notebook].as_uri())
         page.wait_for_selector(".reveal.ready", timeout=30_000)  # reveal.js initialised
         assert page.locator(".reveal .slides section").count() > 1
+        # Speaker notes, and every slide (all its fragments shown) within the deck's frame.
+        assert page.locator(".reveal aside.notes").count() > 0, "the deck has no speaker notes"
+        frame, heights = page.evaluate(SLIDE_HEIGHTS)
+        tall = [(where, h) for where, h in heights if h > frame]
+        assert not tall, f"slides taller than the {frame}px frame (#/h/v, height): {tall}"
         if has_math(notebook):
             page.wait_for_function(
                 "document.querySelectorAll('.MathJax_CHTML').length > 0", timeout=30_000

@@ -16,6 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
+
+from slide_view import slide_view
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "slides"
 VENDOR = OUT / "vendor"
@@ -49,11 +53,16 @@ def install_vendor() -> None:
 
 
 def export(notebook: Path) -> Path:
+    # The deck is made from the slide view (tools/slide_view.py): short slides, full text in notes.
+    # It is written beside the notebook's own folder level, so relative links resolve the same.
+    view = OUT / "src" / notebook.name
+    view.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(slide_view(nbformat.read(notebook, as_version=4)), view)
     subprocess.run(
         [sys.executable, "-m", "jupyter", "nbconvert", "--to", "slides",
          f"--TemplateExporter.extra_template_basedirs={TEMPLATE_DIR.parent}",
          f"--template={TEMPLATE_DIR.name}", *OPTIONS,
-         "--output-dir", str(OUT), str(notebook)],
+         "--output-dir", str(OUT), str(view)],
         check=True, capture_output=True, text=True,
     )
     return OUT / (notebook.stem + ".slides.html")
@@ -80,6 +89,9 @@ def main() -> int:
     for nb in notebooks:
         decks.append(export(nb))
         print(f"wrote {decks[-1].relative_to(ROOT)}")
+    if not args.notebooks:  # a full build: drop decks of lectures that no longer exist
+        for stale in set(OUT.glob("*.slides.html")) - set(decks):
+            stale.unlink()
     write_index(sorted(OUT.glob("*.slides.html")))
     return 0
 
