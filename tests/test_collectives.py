@@ -79,17 +79,3 @@ def test_rejects_mismatched_tensors():
         c.ring_allreduce([torch.zeros(3), torch.zeros(4)])
     with pytest.raises(ValueError):
         c.ring_allreduce([])
-
-
-def test_ring_explorer_follows_its_sliders():
-    from parallel_course.ring_widget import ring_allreduce_explorer
-
-    w = ring_allreduce_explorer(world_size=3)
-    assert w.step.max == 4 and "step 0 of 4" in w.view.value
-    w.step.value = 4
-    assert "at the end: 4/3 S per rank" in w.view.value and "sent so far per rank, in units of S: 4/3" in w.view.value
-    w.world_size.value = 5
-    assert w.step.max == 8
-    w.algorithm.value = True  # naive
-    assert w.step.max == 4 and "at the end: 4 S per rank" in w.view.value
-    assert repr(w).startswith("RingExplorer(naive, N=5")

@@ -130,18 +130,3 @@ def test_traffic_rejects_bad_arguments():
         cm.traffic("ring", 0, S)
     with pytest.raises(ValueError, match="model_bytes must be a number >= 0"):
         cm.traffic("ps", 2, -5)
-
-
-def test_explorer_shows_the_model_prediction():
-    pytest.importorskip("ipywidgets")
-    from parallel_course.widgets import GBIT, cost_model_explorer
-
-    e = cost_model_explorer(world_size=4, compute_ms=500, model_mb=100, bandwidth_gbit=8,
-                            latency_us=0, overlap=0.0, algorithm="ring")
-    p = cm.predict(4, compute_s=0.5, model_bytes=S, bandwidth=8 * GBIT)  # 8 Gbit/s = 1 GB/s
-    assert e.prediction() == p
-    assert "predicted step            650.0 ms" in e.summary()
-    assert bytes(e.plot.value).startswith(b"\x89PNG")
-    assert len(repr(e)) <= 110  # ipywidgets cuts longer text reprs
-    e.controls["algorithm"].value = "ps"  # the view follows the controls
-    assert "the server receives" in e.result.value

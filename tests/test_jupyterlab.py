@@ -46,10 +46,13 @@ EXPLORER_CELLS = [
 EXPLORER_IMPORTS = """\
 import torch
 
-from parallel_course.pipeline_widget import pipeline_explorer
-from parallel_course.ring_widget import ring_allreduce_explorer
-from parallel_course.widgets import cost_model_explorer, placement_explorer
-from parallel_course.zero_widget import zero_calculator
+from parallel_course.explorers import (
+    cost_model_explorer,
+    pipeline_explorer,
+    placement_explorer,
+    ring_allreduce_explorer,
+    zero_calculator,
+)
 """
 # Long enough for a busy two-core machine; a healthy run takes a fraction of it.
 SLOW = 180_000  # ms

@@ -58,15 +58,6 @@ def test_placement_rejects_negative_gpus():
         machine.placement(-1, 2)
 
 
-def test_placement_explorer_follows_its_sliders():
-    from parallel_course.widgets import placement_explorer
-
-    w = placement_explorer(num_gpus=0, world_size=2)
-    assert "rank 1: cpu (gloo)" in w.result.value
-    w.gpus.value = 4
-    assert "rank 1: cuda:1 (nccl)" in w.result.value
-
-
 def test_versions_name_the_environment_without_an_absolute_path(capsys):
     machine.versions()
     out = capsys.readouterr().out

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from parallel_course import memory, zero_widget
+from parallel_course import memory
 
 
 def test_sixteen_bytes_per_parameter_either_way():
@@ -77,15 +77,3 @@ def test_activation_bytes_grow_with_the_batch_and_exclude_parameters():
     # saved: the input (8x16), the first output for ReLU (8x32), ReLU's output (8x32) for the last Linear
     assert small in {4 * 8 * (16 + 32 + 32), 4 * 8 * (16 + 32)}
     assert memory.activation_bytes(model, torch.randn(16, 16)) == 2 * small
-
-
-def test_calculator_summary_and_widget():
-    text = zero_widget.summary(7.5, 64, "mixed", 80)
-    assert "120.00 GB" in text and "1.88 GB" in text
-    fig = zero_widget.draw(1.5, 8, "fp32", 40)
-    assert len(fig.axes) == 2
-    ui = zero_widget.zero_calculator()
-    assert [c.description for c in ui.children[:4]] == [
-        "parameters (billions)", "ranks N", "precision", "device memory (GB)"]
-    # The figure and the table are there from the start, before any control moves.
-    assert bytes(ui.plot.value).startswith(b"\x89PNG") and "120.00 GB" in ui.result.value

@@ -8,12 +8,14 @@ Small modules, each doing what its name says:
 - ``data_parallel``  DataParallel's steps re-enacted on threads (02)
 - ``collectives``    ring and naive all-reduce simulated step by step, bytes counted (03)
 - ``perf``           bandwidths, the alpha-beta fit, efficiency, overlap; threads that computed,
-                     bytes saved for backward; reading and plotting benchmarks (06)
-- ``model_parallel`` pipeline schedules as data (GPipe, 1F1B), bubble, stage splitting (07)
+                     bytes saved for backward; reading and plotting benchmarks (06a-06c)
+- ``model_parallel`` pipeline schedules as data (GPipe, 1F1B), bubble, stage splitting (07a)
 - ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
 - ``checks``         clear verdicts for lab check cells
-- ``widgets``, ``ring_widget``, ``pipeline_widget``, ``zero_widget``
-                     thin ipywidgets explorers over the functions above (01/00, 03, 07, 08)
+- ``scriptdiff``     what a notebook's %%writefile cells write; the lines a step changed (04, 09)
+- ``explorers``      ipywidgets explorers over the functions above, one pattern (``explorers.base``),
+                     one module each: placement (00), cost_model (01), ring (03), pipeline (07a),
+                     zero (08)
 """
 
 from .launch import setup_notebook

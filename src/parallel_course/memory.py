@@ -12,7 +12,7 @@ So mixed-precision Adam needs 2 + 2 + 12 = 16 bytes per parameter, and fp32 Adam
 as well. With N data-parallel ranks, ZeRO stage 1 divides the optimizer states by N, stage 2
 also the gradients, stage 3 also the weights; plain data parallelism (DDP) divides nothing.
 
-Everything here is a plain function; ``zero_widget`` draws them.
+Everything here is a plain function; ``explorers.zero`` draws them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""A step-by-step explorer of the ring all-reduce (chapter 03), over ``collectives``.
-
-Like the course's other explorers it is a box of controls and an ``HTML`` widget whose *value*
-is recomputed; nothing is printed into an ``Output`` widget, so the cell that shows it stores
-the same text every time and strict ``nbval`` can check it.
-"""
+"""Chapter 03: a step-by-step explorer of the ring all-reduce, over ``collectives``' simulation."""
 
 from __future__ import annotations
 
@@ -13,7 +8,8 @@ from html import escape
 import ipywidgets as widgets
 import torch
 
-from . import collectives
+from .. import collectives
+from .base import Explorer
 
 NUMEL = 840  # divisible by every N from 1 to 8: chunks of S/N exactly
 
@@ -66,38 +62,39 @@ def render(trace: collectives.Trace, k: int) -> str:
     )
 
 
-class RingExplorer(widgets.VBox):
+class RingExplorer(Explorer):
     """Sliders for the world size N and the step; the ring's state after that step."""
 
     def __init__(self, world_size: int = 4, step: int = 0, naive: bool = False):
-        self.world_size = widgets.IntSlider(value=world_size, min=2, max=8, description="ranks N",
-                                            continuous_update=False)
-        self.step = widgets.IntSlider(value=step, min=0, max=2 * (world_size - 1), description="step")
-        self.algorithm = widgets.ToggleButtons(
-            options=[("ring: reduce-scatter + all-gather", False), ("naive: pass whole tensors", True)],
-            value=naive,
-        )
-        self.view = widgets.HTML()
-        for control in (self.world_size, self.step, self.algorithm):
-            control.observe(self._update, names="value")
-        super().__init__([self.algorithm, self.world_size, self.step, self.view])
-        self._update()
+        super().__init__({
+            "naive": widgets.ToggleButtons(
+                options=[("ring: reduce-scatter + all-gather", False), ("naive: pass whole tensors", True)],
+                value=naive),
+            "world_size": widgets.IntSlider(value=world_size, min=2, max=8, description="ranks N",
+                                            continuous_update=False),
+            "step": widgets.IntSlider(value=step, min=0, max=2 * (world_size - 1), description="step"),
+        })
 
     def trace(self) -> collectives.Trace:
-        tensors = [torch.zeros(NUMEL) for _ in range(self.world_size.value)]
-        simulate = collectives.naive_ring_allreduce if self.algorithm.value else collectives.ring_allreduce
+        tensors = [torch.zeros(NUMEL) for _ in range(self.values["world_size"])]
+        simulate = collectives.naive_ring_allreduce if self.values["naive"] else collectives.ring_allreduce
         return simulate(tensors)
 
-    def _update(self, change=None) -> None:
+    def before_update(self) -> None:
+        last = len(self.trace().steps())
+        if self.controls["step"].max != last:
+            self.controls["step"].max = last  # may clamp the step, which updates the view again
+
+    def html(self) -> str:
         trace = self.trace()
-        last = len(trace.steps())
-        if self.step.max != last:
-            self.step.max = last  # may clamp step.value, which calls _update again
-        self.view.value = render(trace, min(self.step.value, last))
+        return render(trace, min(self.values["step"], len(trace.steps())))
+
+    def summary(self) -> str:
+        return self.__repr__()
 
     def __repr__(self) -> str:
-        kind = "naive" if self.algorithm.value else "ring"
-        return f"RingExplorer({kind}, N={self.world_size.value}, step={self.step.value})"
+        kind = "naive" if self.values["naive"] else "ring"
+        return f"RingExplorer({kind}, N={self.values['world_size']}, step={self.values['step']})"
 
 
 def ring_allreduce_explorer(world_size: int = 4, step: int = 0, naive: bool = False) -> RingExplorer:

@@ -1,18 +1,13 @@
-"""A ZeRO memory calculator: sliders over ``memory.per_rank_breakdown``.
-
-``zero_calculator()`` follows the pattern of the course's other explorers (controls -> plain
-functions -> the values of an ``Image`` and an ``HTML`` widget): ``draw`` makes the figure,
-``summary`` the same numbers as aligned lines, which a normal cell can also print.
-"""
+"""Chapter 08: a ZeRO memory calculator, sliders over ``memory.per_rank_breakdown``: ``draw``
+makes the figure, ``summary`` the same numbers as aligned lines."""
 
 from __future__ import annotations
-
-import io
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from . import memory
+from .. import memory
+from .base import Explorer
 
 RANKS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 PART_COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer states": "#55a868"}
@@ -77,20 +72,17 @@ def draw(params_billion: float = 7.5, world_size: int = 64, precision: str = "mi
     return fig
 
 
-class ZeroCalculator(widgets.VBox):
+class ZeroCalculator(Explorer):
     """Sliders for the parameter count, N, precision and device memory -> the memory per rank of
-    every ZeRO stage, as a figure (``draw``) and aligned lines (``summary``).
+    every ZeRO stage, as a figure (``draw``) and aligned lines (``summary``)."""
 
-    Like the course's other explorers, it updates the *values* of an ``Image`` and an ``HTML``
-    widget: nothing goes through an ``Output`` widget, so the figure is there from the start
-    and a notebook cell that shows the calculator stores the same text every time.
-    """
+    draws = True
 
     def __init__(self, params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
                  gpu_gb: float = 80.0):
         style = {"description_width": "160px"}
         common = dict(style=style, layout=widgets.Layout(width="480px"), continuous_update=False)
-        self.controls = {
+        super().__init__({
             "params_billion": widgets.FloatLogSlider(
                 value=params_billion, base=10, min=-1, max=3, step=0.05,
                 description="parameters (billions)", readout_format=".3g", **common),
@@ -102,27 +94,16 @@ class ZeroCalculator(widgets.VBox):
             "gpu_gb": widgets.FloatSlider(
                 value=gpu_gb, min=8, max=192, step=8, description="device memory (GB)",
                 readout_format=".0f", **common),
-        }
-        self.plot = widgets.Image(format="png")
-        self.result = widgets.HTML()
-        for control in self.controls.values():
-            control.observe(self._update, names="value")
-        super().__init__([*self.controls.values(), self.plot, self.result])
-        self._update()
+        })
 
-    @property
-    def kwargs(self) -> dict:
-        """The current settings, as keyword arguments of ``summary`` and ``draw``."""
-        return {name: control.value for name, control in self.controls.items()}
+    def summary(self) -> str:
+        return summary(**self.values)
 
-    def _update(self, change=None) -> None:
-        buffer = io.BytesIO()
-        draw(**self.kwargs).savefig(buffer, format="png", metadata={"Software": None})
-        self.plot.value = buffer.getvalue()  # the figure first: when the table changes, both have
-        self.result.value = f"<pre>{summary(**self.kwargs)}</pre>"
+    def figure(self) -> Figure:
+        return draw(**self.values)
 
     def __repr__(self) -> str:
-        kw = self.kwargs
+        kw = self.values
         return (f"ZeroCalculator(params_billion={kw['params_billion']:g}, world_size={kw['world_size']}, "
                 f"precision={kw['precision']!r}, gpu_gb={kw['gpu_gb']:g})")
 

@@ -1,13 +1,8 @@
-"""Pipeline-schedule charts and an explorer (chapter 07a), over ``model_parallel``'s schedules.
-
-Like the course's other explorers it is a box of controls plus an ``Image`` and an ``HTML``
-widget whose *values* are recomputed; nothing is printed into an ``Output`` widget, so the cell
-that shows it stores the same text every time and strict ``nbval`` can check it.
-"""
+"""Chapter 07a: pipeline-schedule charts, and an explorer of GPipe and 1F1B over
+``model_parallel``'s schedules."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 import ipywidgets as widgets
@@ -15,7 +10,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from . import model_parallel as pipe
+from .. import model_parallel as pipe
+from .base import Explorer
 
 COLORS = {"F": "#4c78a8", "B": "#f58518"}
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
@@ -50,27 +46,25 @@ def summary(n_stages: int, n_microbatches: int) -> str:
     return "\n".join(lines)
 
 
-class PipelineExplorer(widgets.VBox):
+class PipelineExplorer(Explorer):
     """Sliders for stages and micro-batches; both schedules' timelines, their bubble and memory."""
+
+    draws = True
 
     def __init__(self, n_stages: int = 4, n_microbatches: int = 8):
         common = dict(continuous_update=False, style={"description_width": "120px"},
                       layout=widgets.Layout(width="420px"))
-        self.stages = widgets.IntSlider(value=n_stages, min=1, max=8, description="stages p", **common)
-        self.microbatches = widgets.IntSlider(value=n_microbatches, min=1, max=16,
-                                              description="micro-batches m", **common)
-        self.result = widgets.HTML()
-        self.plot = widgets.Image(format="png")
-        for control in (self.stages, self.microbatches):
-            control.observe(self._update, names="value")
-        super().__init__([self.stages, self.microbatches, self.plot, self.result])
-        self._update()
+        super().__init__({
+            "n_stages": widgets.IntSlider(value=n_stages, min=1, max=8, description="stages p", **common),
+            "n_microbatches": widgets.IntSlider(value=n_microbatches, min=1, max=16,
+                                                description="micro-batches m", **common),
+        })
 
     def summary(self) -> str:
-        return summary(self.stages.value, self.microbatches.value)
+        return summary(**self.values)
 
     def figure(self) -> Figure:
-        p, m = self.stages.value, self.microbatches.value
+        p, m = self.values["n_stages"], self.values["n_microbatches"]
         fig = Figure(figsize=(9, 1.2 + 0.9 * p), dpi=80)
         FigureCanvasAgg(fig)
         axes = fig.subplots(2, 1, sharex=True)
@@ -81,14 +75,8 @@ class PipelineExplorer(widgets.VBox):
         fig.tight_layout()
         return fig
 
-    def _update(self, change=None) -> None:
-        self.result.value = f"<pre>{self.summary()}</pre>"
-        buffer = io.BytesIO()
-        self.figure().savefig(buffer, format="png", metadata={"Software": None})
-        self.plot.value = buffer.getvalue()
-
     def __repr__(self) -> str:
-        return f"PipelineExplorer(stages={self.stages.value}, microbatches={self.microbatches.value})"
+        return f"PipelineExplorer(stages={self.values['n_stages']}, microbatches={self.values['n_microbatches']})"
 
 
 def pipeline_explorer(n_stages: int = 4, n_microbatches: int = 8) -> PipelineExplorer:

@@ -1,32 +1,23 @@
-"""Thin ipywidgets layers over the course's plain functions.
-
-Every explorer here is a box of controls plus widgets whose *values* are updated (an ``HTML``
-summary, an ``Image`` of a plot). None of them prints or displays into an ``Output`` widget, so
-a notebook cell that shows one stores the same text every time it runs, and strict ``nbval``
-can check it.
-"""
+"""Chapter 01: sliders over the cost model (``costmodel.predict``), its prediction, and the
+predicted speedup against N for both algorithms."""
 
 from __future__ import annotations
-
-import io
 
 import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from . import costmodel, machine
+from .. import costmodel
+from .base import Explorer
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 MB = 1e6  # bytes
 
 
-class CostModelExplorer(widgets.VBox):
-    """Sliders for the chapter-01 cost model, its prediction, and speedup against N.
+class CostModelExplorer(Explorer):
+    """Sliders for the chapter-01 cost model, its prediction, and speedup against N."""
 
-    The prediction and the plot are recomputed from ``costmodel.predict`` whenever a control
-    changes; ``summary()`` returns the same text as plain lines, for printing in a normal cell.
-    """
-
+    draws = True
     N_MAX = 64  # the plot's x-axis: 1 .. N_MAX workers
 
     def __init__(
@@ -42,7 +33,7 @@ class CostModelExplorer(widgets.VBox):
         style = {"description_width": "190px"}
         layout = widgets.Layout(width="520px")
         common = dict(style=style, layout=layout, continuous_update=False)
-        self.controls = {
+        super().__init__({
             "world_size": widgets.IntSlider(
                 value=world_size, min=1, max=self.N_MAX, description="workers N", **common
             ),
@@ -70,21 +61,13 @@ class CostModelExplorer(widgets.VBox):
                 value=algorithm, options=[("ring all-reduce", "ring"), ("parameter server", "ps")],
                 description="algorithm", style=style,
             ),
-        }
-        self.result = widgets.HTML()
-        self.plot = widgets.Image(format="png")
-        for control in self.controls.values():
-            control.observe(self._update, names="value")
-        super().__init__(
-            [*self.controls.values(), widgets.HBox([self.plot, self.result])]
-        )
-        self._update()
+        })
 
     # --- the model, in the units costmodel wants -------------------------------------------
 
     def config(self) -> dict:
         """The current settings as keyword arguments of ``costmodel.predict`` (SI units)."""
-        v = {name: control.value for name, control in self.controls.items()}
+        v = self.values
         return dict(
             compute_s=v["compute_ms"] / 1e3,
             model_bytes=v["model_mb"] * MB,
@@ -116,14 +99,8 @@ class CostModelExplorer(widgets.VBox):
             lines.pop(2)
         return "\n".join(lines)
 
-    # --- the view ---------------------------------------------------------------------------
-
-    def _update(self, change=None) -> None:
-        self.result.value = f"<pre>{self.summary()}</pre>"
-        self.plot.value = self._render_plot()
-
-    def _render_plot(self) -> bytes:
-        """Speedup against N for both algorithms at the current settings, as PNG bytes."""
+    def figure(self) -> Figure:
+        """Speedup against N for both algorithms at the current settings."""
         config = self.config()
         ns = list(range(1, self.N_MAX + 1))
         fig = Figure(figsize=(4.6, 3.2), dpi=90)
@@ -145,14 +122,12 @@ class CostModelExplorer(widgets.VBox):
         ax.set_ylim(0, min(self.N_MAX, 1.25 * top))
         ax.legend(fontsize=8, loc="upper left")
         fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", metadata={"Software": None})
-        return buffer.getvalue()
+        return fig
 
     def __repr__(self) -> str:
         # What a notebook stores as the cell's text: the settings, not the PNG bytes.
         # (ipywidgets cuts it at 110 characters: keep it short.)
-        v = {name: control.value for name, control in self.controls.items()}
+        v = self.values
         return (
             f"CostModelExplorer(N={v['world_size']}, {v['algorithm']}, "
             f"compute_ms={v['compute_ms']:g}, model_mb={v['model_mb']:g}, "
@@ -168,32 +143,3 @@ def cost_model_explorer(**defaults) -> CostModelExplorer:
     ``bandwidth_gbit``, ``latency_us``, ``overlap``, ``algorithm``).
     """
     return CostModelExplorer(**defaults)
-
-
-class PlacementExplorer(widgets.VBox):
-    """Chapter 00: GPUs on a node and processes to start -> the backend and device of each rank
-    (``machine.placement``), shown in an HTML widget that is updated, never printed."""
-
-    def __init__(self, num_gpus: int = 0, world_size: int = 2):
-        common = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="420px"))
-        self.gpus = widgets.IntSlider(value=num_gpus, min=0, max=8, description="GPUs on the node", **common)
-        self.ranks = widgets.IntSlider(value=world_size, min=1, max=8, description="processes", **common)
-        self.result = widgets.HTML()
-        super().__init__([self.gpus, self.ranks, self.result])
-        for control in (self.gpus, self.ranks):
-            control.observe(self._update, names="value")
-        self._update()
-
-    def summary(self) -> str:
-        return "\n".join(machine.placement(self.gpus.value, self.ranks.value))
-
-    def _update(self, change=None) -> None:
-        self.result.value = f"<pre>{self.summary()}</pre>"
-
-    def __repr__(self) -> str:
-        return f"PlacementExplorer(gpus={self.gpus.value}, processes={self.ranks.value})"
-
-
-def placement_explorer(num_gpus: int = 0, world_size: int = 2) -> PlacementExplorer:
-    """Sliders for GPUs and processes; shows which backend and device each rank gets."""
-    return PlacementExplorer(num_gpus, world_size)

@@ -1,0 +1,81 @@
+"""The explorers (parallel_course.explorers): each follows its controls, shows its text and figure
+from the start, and keeps a short repr (what a notebook stores). tests/test_jupyterlab.py drives
+each one in a real browser."""
+
+import pytest
+
+from parallel_course import costmodel as cm
+from parallel_course.explorers import (
+    cost_model_explorer,
+    pipeline_explorer,
+    placement_explorer,
+    ring_allreduce_explorer,
+    zero_calculator,
+)
+from parallel_course.explorers.base import Explorer
+from parallel_course.explorers.cost_model import GBIT
+from parallel_course.explorers.zero import draw, summary
+
+EXPLORERS = [cost_model_explorer, pipeline_explorer, placement_explorer, ring_allreduce_explorer, zero_calculator]
+
+
+@pytest.mark.parametrize("make", EXPLORERS, ids=[f.__name__ for f in EXPLORERS])
+def test_every_explorer_is_the_one_pattern(make):
+    e = make()
+    assert isinstance(e, Explorer) and e.result.value
+    assert e.plot is None or bytes(e.plot.value).startswith(b"\x89PNG")  # there before any control moves
+    assert len(repr(e)) <= 110  # ipywidgets cuts longer text reprs
+    assert list(e.children[:len(e.controls)]) == list(e.controls.values())
+
+
+def test_placement_explorer_follows_its_sliders():
+    w = placement_explorer(num_gpus=0, world_size=2)
+    assert "rank 1: cpu (gloo)" in w.result.value
+    w.controls["num_gpus"].value = 4
+    assert "rank 1: cuda:1 (nccl)" in w.result.value
+
+
+def test_cost_model_explorer_shows_the_model_prediction():
+    e = cost_model_explorer(world_size=4, compute_ms=500, model_mb=100, bandwidth_gbit=8,
+                            latency_us=0, overlap=0.0, algorithm="ring")
+    p = cm.predict(4, compute_s=0.5, model_bytes=100e6, bandwidth=8 * GBIT)  # 8 Gbit/s = 1 GB/s
+    assert e.prediction() == p
+    assert "predicted step            650.0 ms" in e.summary()
+    e.controls["algorithm"].value = "ps"  # the view follows the controls
+    assert "the server receives" in e.result.value
+
+
+def test_ring_explorer_follows_its_sliders():
+    w = ring_allreduce_explorer(world_size=3)
+    step = w.controls["step"]
+    assert step.max == 4 and "step 0 of 4" in w.result.value
+    step.value = 4
+    assert "at the end: 4/3 S per rank" in w.result.value
+    assert "sent so far per rank, in units of S: 4/3" in w.result.value
+    w.controls["world_size"].value = 5
+    assert step.max == 8
+    w.controls["naive"].value = True
+    assert step.max == 4 and "at the end: 4 S per rank" in w.result.value
+    assert repr(w).startswith("RingExplorer(naive, N=5")
+
+
+def test_pipeline_explorer_follows_its_sliders():
+    pipe = pipeline_explorer(n_stages=2, n_microbatches=2)
+    before = pipe.result.value
+    pipe.controls["n_microbatches"].value = 6
+    assert pipe.result.value != before and "m = 6" in pipe.result.value
+
+
+def test_zero_calculator_summary_figure_and_controls():
+    text = summary(7.5, 64, "mixed", 80)
+    assert "120.00 GB" in text and "1.88 GB" in text
+    assert len(draw(1.5, 8, "fp32", 40).axes) == 2
+    ui = zero_calculator()
+    assert [c.description for c in ui.children[:4]] == [
+        "parameters (billions)", "ranks N", "precision", "device memory (GB)"]
+    assert "120.00 GB" in ui.result.value
+    before = (ui.result.value, ui.plot.value)
+    ranks = ui.controls["world_size"]
+    ranks.value = ranks.options[0]
+    assert ui.values["world_size"] == ranks.options[0]
+    assert ui.result.value != before[0] and ui.plot.value != before[1]
