@@ -81,10 +81,25 @@ def test_torchrun_raises_on_a_failed_job_and_on_a_stub(tmp_path):
     failing.write_text("raise ValueError('bad worker')\n")
     with pytest.raises(LaunchFailed, match="bad worker"):
         torchrun(str(failing), world_size=1)
-    stub = tmp_path / "stub.py"
-    stub.write_text("# YOUR CODE HERE\nraise NotImplementedError()\n")
+    unwritten = tmp_path / "unwritten.py"  # a worker that fails on NotImplementedError
+    unwritten.write_text("def f():\n    raise NotImplementedError('to do')\n\n\nf()\n")
     with pytest.raises(NotImplementedError):
-        torchrun(str(stub), world_size=1)
+        torchrun(str(unwritten), world_size=1)
+
+
+def test_torchrun_does_not_launch_a_lab_script_with_a_stub(tmp_path, monkeypatch):
+    """A lab's stub, in the script or a module beside it that it imports: no launch, at once."""
+    from parallel_course import launch
+
+    monkeypatch.setattr(launch, "run_bounded_once_more_on_exit_crash",
+                        lambda *a, **k: pytest.fail("launched a script that cannot work yet"))
+    (tmp_path / "mine.py").write_text("def f():\n    # YOUR CODE HERE\n    raise NotImplementedError()\n")
+    (tmp_path / "check.py").write_text("import os\n\nfrom mine import f\n\nf()\n")
+    with pytest.raises(NotImplementedError, match="mine.py still has code to write"):
+        launch.torchrun(str(tmp_path / "check.py"), world_size=2)
+    assert launch.unfinished(tmp_path / "check.py") == tmp_path / "mine.py"
+    (tmp_path / "mine.py").write_text("def f():\n    return 1\n")
+    assert launch.unfinished(tmp_path / "check.py") is None
 
 
 def test_torchrun_restarts_the_job_when_asked(tmp_path):

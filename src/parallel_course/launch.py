@@ -101,14 +101,38 @@ class LaunchFailed(RuntimeError):
     """A torchrun launch exited with an error; the message ends with the workers' last lines."""
 
 
+# What tools/labgen.py leaves where a lab's answer goes.
+STUB = re.compile(r"# YOUR CODE HERE[ \t]*\n[ \t]*raise NotImplementedError\(\)")
+
+
+def unfinished(script: str | Path) -> Path | None:
+    """The script, or a module beside it that it imports (a lab's ``work/*.py``), that still has a
+    ``# YOUR CODE HERE`` stub; None when there is none."""
+    todo, seen = [Path(script)], set()
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        text = path.read_text(errors="replace")
+        if STUB.search(text):
+            return path
+        todo += [path.parent / f"{name}.py" for name in re.findall(r"(?m)^\s*(?:from|import)\s+(\w+)", text)]
+    return None
+
+
 def torchrun(script: str, *args: str, world_size: int = 2, timeout: float = 60, max_restarts: int = 0) -> str:
     """Run ``torchrun --standalone --nproc_per_node=world_size [--max-restarts=N] script args...``, bounded.
 
     For check cells, where a failure must fail the cell (``!torchrun`` never does): prints and
     returns the workers' standard output; raises ``LaunchFailed`` with the end of their error
-    output if the job fails, or ``NotImplementedError`` if it failed on a ``# YOUR CODE HERE``
-    stub that is still to be written.
+    output if the job fails, or ``NotImplementedError`` if a ``# YOUR CODE HERE`` stub is still to
+    be written: at once when the script or a module beside it still has one (no launch needed to
+    know it will fail), else when the workers failed on one.
     """
+    stub = unfinished(script)
+    if stub is not None:
+        raise NotImplementedError(f"{stub.name} still has code to write (# YOUR CODE HERE)")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     if max_restarts < 0:
