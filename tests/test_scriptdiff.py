@@ -39,5 +39,5 @@ def test_changed_lines_are_code_that_changed_not_comments_blanks_or_docstrings()
 
 def test_show_changes_reads_files_or_text(tmp_path, capsys):
     (tmp_path / "a.py").write_text("import os\nx = 1\n")
-    assert show_changes(tmp_path / "a.py", "import os\nx = 2\n") == ["x = 2"]
+    assert show_changes(tmp_path / "a.py", "import os\nx = 2\n") is None  # a cell shows only the print
     assert capsys.readouterr().out == "x = 2\n\n1 line of code changed or added\n"

@@ -20,7 +20,7 @@ ITEM_WORDS = 12  # a list item keeps its lead, at most this many words
 TABLE_ROWS = 6  # a table keeps its header and this many rows
 CELL_WORDS = 10  # each table cell at most this many words
 CODE_LINES = 8  # a code block in markdown stays if it is this short
-SENTENCE_END = re.compile(r"(?<=[.!?:])\s+(?=[A-Z(*\[`$])")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(*\[`$])")  # not at a colon: "Next: [a link]" stays whole
 LIST_ITEM = re.compile(r"^(\s*)([-*]|\d+\.)\s+")
 
 
@@ -123,7 +123,7 @@ def height(cell) -> float:
             elif block[0].lstrip().startswith("|"):  # a row wraps with its longest cell
                 lines += sum(0.3 + max(len(c) for c in row.split("|")) / 28 * 0.8 for row in block)
             else:
-                lines += 0.6 + sum(1 + len(line) // 75 for line in block)
+                lines += 0.6 + sum(1 + len(line) // 65 for line in block)
         return lines
     outputs = cell.get("outputs", [])
     figure = any("image/png" in o.get("data", {}) for o in outputs)
@@ -132,7 +132,7 @@ def height(cell) -> float:
     return 1 + 0.75 * min(len(cell.source.splitlines()), 11) + (9 if figure else 0.75 * min(text, 11))
 
 
-SLIDE_LINES = 16
+SLIDE_LINES = 15
 
 
 def _fit(source: str) -> str:

@@ -69,10 +69,9 @@ def _text(source: str | Path) -> str:
     return source if isinstance(source, str) and "\n" in source else Path(source).read_text()
 
 
-def show_changes(before: str | Path, after: str | Path) -> list[str]:
+def show_changes(before: str | Path, after: str | Path) -> None:
     """Print the lines of code that ``after`` changed or added since ``before`` (each a path or a
-    script's text), then how many; returns them."""
+    script's text), then how many. Returns nothing, so that a cell shows only what it prints."""
     lines = changed_lines(_text(before), _text(after))
     print("\n".join(lines))
     print(f"\n{len(lines)} line{'' if len(lines) == 1 else 's'} of code changed or added")
-    return lines
