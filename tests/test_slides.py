@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+import time
 
 import nbformat
 import pytest
@@ -45,6 +46,19 @@ def decks():
     result = run_bounded([sys.executable, "tools/make_slides.py"], timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     return {nb: ROOT / "build" / "slides" / f"{nb.stem}.slides.html" for nb in LECTURES}
+
+
+def settled(page, script, timeout_s=60):
+    """``script``'s result once two readings half a second apart agree (a generous deadline)."""
+    deadline = time.monotonic() + timeout_s
+    last = page.evaluate(script)
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(500)
+        now = page.evaluate(script)
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 def has_math(notebook) -> bool:
@@ -92,17 +106,18 @@ def test_deck_works_offline(decks, notebook):
         page.goto(decks[notebook].as_uri())
         page.wait_for_selector(".reveal.ready", timeout=30_000)  # reveal.js initialised
         assert page.locator(".reveal .slides section").count() > 1
-        # Speaker notes, and every slide (all its fragments shown) within the deck's frame.
-        assert page.locator(".reveal aside.notes").count() > 0, "the deck has no speaker notes"
-        frame, heights = page.evaluate(SLIDE_HEIGHTS)
-        tall = [(where, h) for where, h in heights if h > frame]
-        assert not tall, f"slides taller than the {frame}px frame (#/h/v, height): {tall}"
         if has_math(notebook):
             page.wait_for_function(
                 "document.querySelectorAll('.MathJax_CHTML').length > 0", timeout=30_000
             )
             raw = page.evaluate("document.querySelector('.reveal .slides').innerText")
             assert not MATH.search(raw), f"untypeset formula left in the deck: {MATH.search(raw)[0]}"
+        # Speaker notes, and every slide (all its fragments shown) within the deck's frame, measured
+        # once the layout has settled (MathJax typesets formulas after reveal.js is ready).
+        assert page.locator(".reveal aside.notes").count() > 0, "the deck has no speaker notes"
+        frame, heights = settled(page, SLIDE_HEIGHTS)
+        tall = [(where, h) for where, h in heights if h > frame]
+        assert not tall, f"slides taller than the {frame}px frame (#/h/v, height): {tall}"
         if notebook.stem.startswith("01"):
             # Show the first slide with a typeset formula: reveal.js addresses it as #/h/v.
             h, v = page.evaluate(

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import nbformat
+from nbconvert import SlidesExporter
+from traitlets.config import Config
 
 from slide_view import slide_view
 
@@ -27,14 +29,14 @@ TEMPLATE_DIR = ROOT / "tools" / "slides_template"
 # What nbconvert 7.17's reveal template asks for (the versions it would load from CDNs).
 PACKAGES = ["reveal.js@4.0.2", "mathjax@2.7.7", "jquery@2.2.4", "requirejs@2.3.7"]
 LIB = "vendor/node_modules"
-OPTIONS = [
-    f"--SlidesExporter.reveal_url_prefix={LIB}/reveal.js",
-    f"--SlidesExporter.mathjax_url={LIB}/mathjax/MathJax.js?config=TeX-AMS_CHTML-full,Safe",
-    f"--SlidesExporter.jquery_url={LIB}/jquery/dist/jquery.min.js",
-    f"--SlidesExporter.require_js_url={LIB}/requirejs/require.js",
-    "--SlidesExporter.reveal_scroll=True",
-    "--SlidesExporter.reveal_theme=white",  # its fonts ship with reveal.js (others use Google Fonts)
-]
+OPTIONS = {
+    "reveal_url_prefix": f"{LIB}/reveal.js",
+    "mathjax_url": f"{LIB}/mathjax/MathJax.js?config=TeX-AMS_CHTML-full,Safe",
+    "jquery_url": f"{LIB}/jquery/dist/jquery.min.js",
+    "require_js_url": f"{LIB}/requirejs/require.js",
+    "reveal_scroll": True,
+    "reveal_theme": "white",  # its fonts ship with reveal.js (others use Google Fonts)
+}
 
 
 def install_vendor() -> None:
@@ -52,20 +54,25 @@ def install_vendor() -> None:
     )
 
 
-def export(notebook: Path) -> Path:
-    # The deck is made from the slide view (tools/slide_view.py): short slides, full text in notes.
-    # It is written beside the notebook's own folder level, so relative links resolve the same.
-    view = OUT / "src" / notebook.name
-    view.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(slide_view(nbformat.read(notebook, as_version=4)), view)
-    subprocess.run(
-        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "slides",
-         f"--TemplateExporter.extra_template_basedirs={TEMPLATE_DIR.parent}",
-         f"--template={TEMPLATE_DIR.name}", *OPTIONS,
-         "--output-dir", str(OUT), str(view)],
-        check=True, capture_output=True, text=True,
-    )
-    return OUT / (notebook.stem + ".slides.html")
+def exporter() -> SlidesExporter:
+    """nbconvert's slides exporter with the course's template and local copies of the libraries
+    (one exporter, in this process, for every deck)."""
+    config = Config()
+    config.TemplateExporter.extra_template_basedirs = [str(TEMPLATE_DIR.parent)]
+    for name, value in OPTIONS.items():
+        setattr(config.SlidesExporter, name, value)
+    return SlidesExporter(config=config, template_name=TEMPLATE_DIR.name)
+
+
+def export(notebook: Path, slides: SlidesExporter) -> Path:
+    """The deck of one lecture, made from its slide view (tools/slide_view.py): short slides, the
+    full text in the speaker notes."""
+    view = slide_view(nbformat.read(notebook, as_version=4))
+    body, _ = slides.from_notebook_node(view, resources={"metadata": {"name": notebook.stem,
+                                                                       "path": str(notebook.parent)}})
+    deck = OUT / f"{notebook.stem}.slides.html"
+    deck.write_text(body, encoding="utf-8")
+    return deck
 
 
 def write_index(decks: list[Path]) -> None:
@@ -85,9 +92,9 @@ def main() -> int:
     args = parser.parse_args()
     notebooks = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     install_vendor()
-    decks = []
+    decks, slides = [], exporter()
     for nb in notebooks:
-        decks.append(export(nb))
+        decks.append(export(nb, slides))
         print(f"wrote {decks[-1].relative_to(ROOT)}")
     if not args.notebooks:  # a full build: drop decks of lectures that no longer exist
         for stale in set(OUT.glob("*.slides.html")) - set(decks):

@@ -159,6 +159,8 @@ def slide_view(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         notes = None
         if cell.cell_type == "markdown" and is_long(cell.source):
             notes = nbformat.v4.new_markdown_cell(cell.source, metadata={"slideshow": {"slide_type": "notes"}})
+            if "id" in cell:  # the same deck from the same notebook, every time
+                notes.id = f"{cell.id}-notes"[-64:]
             cell.source = _fit(condense(cell.source))
         if kind in ("fragment", "-") and used + height(cell) > SLIDE_LINES:
             cell.metadata["slideshow"] = {"slide_type": "subslide"}
