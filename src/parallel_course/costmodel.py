@@ -39,7 +39,7 @@ ALGORITHMS = ("ring", "ps")
 # --- argument checks: one clear, one-line message each ----------------------------------------
 
 
-def _check_workers(world_size) -> int:
+def _check_world_size(world_size) -> int:
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
         raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
     if world_size < 1:
@@ -91,7 +91,7 @@ def traffic(algorithm: str, world_size: int, model_bytes: float) -> Traffic:
     - N = 1: nothing (no one to average with).
     """
     algorithm = _check_algorithm(algorithm)
-    n = _check_workers(world_size)
+    n = _check_world_size(world_size)
     s = _check_nonnegative("model_bytes", model_bytes)
     if n == 1:
         return Traffic(0.0, 0.0, 0.0, 0.0, 0)
@@ -123,7 +123,7 @@ def comm_time(
     - N = 1:      0.
     """
     algorithm = _check_algorithm(algorithm)
-    n = _check_workers(world_size)
+    n = _check_world_size(world_size)
     s = _check_nonnegative("model_bytes", model_bytes)
     if n == 1:
         _check_positive("bandwidth", bandwidth)
@@ -167,7 +167,7 @@ def predict(
     larger global batch reaches the same accuracy in fewer steps is a separate question, about
     optimization, not about this model.)
     """
-    n = _check_workers(world_size)
+    n = _check_world_size(world_size)
     compute = _check_positive("compute_s", compute_s)
     overlap = _check_nonnegative("overlap", overlap)
     if overlap > 1:
