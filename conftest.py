@@ -32,9 +32,14 @@ AFTERMATH = "tests/test_zz_aftermath.py"
 EARLY = ("tests/test_lint.py",)
 # Test files that launch many jobs (torchrun, JupyterLab, a browser): after the notebooks.
 HEAVY = (
-    "tests/test_fault_tolerance.py", "tests/test_jupyterlab.py", "tests/test_slides.py",
-    "tests/test_labs.py", "tests/test_train_ddp.py", "tests/test_bench_scripts.py",
-    "tests/test_cluster.py", "tests/test_interrupts.py",
+    "tests/test_fault_tolerance.py",
+    "tests/test_jupyterlab.py",
+    "tests/test_slides.py",
+    "tests/test_labs.py",
+    "tests/test_train_ddp.py",
+    "tests/test_bench_scripts.py",
+    "tests/test_cluster.py",
+    "tests/test_interrupts.py",
 )
 
 _seconds_per_file: dict[str, float] = defaultdict(float)
@@ -45,7 +50,10 @@ def git_status() -> str | None:
     try:
         out = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=all"],
-            cwd=ROOT, capture_output=True, text=True, timeout=30,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from c08_zero import make_model, per_rank, print0, setup, train  # c08_zero.py: beside this file
+from c08_zero1_optimizer import make_model, per_rank, print0, setup, train  # c08_zero1_optimizer.py: beside this file
 
 
 def local(t):

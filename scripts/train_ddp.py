@@ -22,33 +22,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from train_single import SimpleModel, make_data  # the model and the data of chapter 04
+
 CHECKPOINT = "last.pt"  # the one file a restart resumes from
 RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # 0, then 1, 2, ... after restarts
-
-
-class SimpleModel(nn.Module):  # one linear layer: 10 inputs, 1 output
-    def __init__(self, input_dim=10, output_dim=1):
-        super().__init__()
-        self.linear = nn.Linear(input_dim, output_dim)
-
-    def forward(self, x):
-        return self.linear(x)
-
-
-def make_data(samples, seed):
-    """A regression the model can learn: y = X @ w_true + 0.5 + noise, fixed by the seed."""
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(samples, 10, generator=g)
-    w_true = torch.randn(10, 1, generator=g)
-    y = X @ w_true + 0.5 + 0.1 * torch.randn(samples, 1, generator=g)
-    return {"X": X, "y": y}
 
 
 def parse_args(argv=None):

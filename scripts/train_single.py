@@ -24,8 +24,6 @@ class SimpleModel(nn.Module):  # one linear layer: 10 inputs, 1 output
 
 def make_data(samples, seed):
     """A regression the model can learn: y = X @ w_true + 0.5 + noise, fixed by the seed."""
-    # (A popular version draws new random inputs at every access, for a constant target:
-    # only the bias can be learned, and no two runs see the same data.)
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(samples, 10, generator=g)
     w_true = torch.randn(10, 1, generator=g)

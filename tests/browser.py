@@ -11,17 +11,25 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "build" / "test-artifacts"  # git-ignored: screenshots to look at
 REQUIRE_VAR = "PARALLEL_COURSE_REQUIRE_BROWSER"  # set by .ci/run: a missing browser fails
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--no-first-run", "--disable-default-apps",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
 ]
 
 
 def chromium_or_skip() -> str:
     path = shutil.which("chromium")
     if path is None:
-        reason = ("browser tests need Debian's chromium: sudo apt-get install chromium "
-                  f"(CI installs it and sets {REQUIRE_VAR}=1)")
+        reason = (
+            "browser tests need Debian's chromium: sudo apt-get install chromium "
+            f"(CI installs it and sets {REQUIRE_VAR}=1)"
+        )
         if os.environ.get(REQUIRE_VAR) == "1":
             pytest.fail(reason)
         pytest.skip(reason)

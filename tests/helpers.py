@@ -1,6 +1,7 @@
 """What several test files share: the course's notebooks in order, and scripts loaded as modules."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,9 +18,14 @@ def chapter(notebook: Path) -> str:
 
 
 def load_script(path: Path | str):
-    """A script of scripts/ (or any path) imported as a module, without running its main()."""
+    """A script of scripts/ (or any path) imported as a module, without running its main(); it finds
+    the scripts beside it, as under `python script.py`."""
     path = ROOT / "scripts" / path if isinstance(path, str) else path
     spec = importlib.util.spec_from_file_location(f"{path.stem}_under_test", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module

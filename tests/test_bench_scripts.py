@@ -28,8 +28,11 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 def launch(script, nproc, *args, timeout=90):
     """`python script` for nproc=None, else `torchrun --standalone --nproc_per_node=nproc script`."""
-    cmd = [sys.executable, str(script)] if nproc is None else [
-        TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    cmd = (
+        [sys.executable, str(script)]
+        if nproc is None
+        else [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
@@ -57,7 +60,8 @@ def test_allreduce_under_torchrun_both_implementations(tmp_path):
             assert math.isclose(r["busbw_bytes_per_s"], r["algbw_bytes_per_s"] * 2 * (2 - 1) / 2)
         # fitted, or (latency-bound tiny sizes) the reason why not
         assert (impl["fit"] is None and "does not grow" in impl["no_fit"]) or (
-            set(impl["fit"]) == {"alpha_s", "beta_bytes_per_s"} and impl["no_fit"] is None)
+            set(impl["fit"]) == {"alpha_s", "beta_bytes_per_s"} and impl["no_fit"] is None
+        )
 
 
 def test_allreduce_as_plain_python_and_quiet(tmp_path):
@@ -74,8 +78,25 @@ def test_allreduce_as_plain_python_and_quiet(tmp_path):
 def test_scaling_whole_comparison(tmp_path):
     """--nproc-list 1,2: DDP on 1 in this process, DDP on 2 through torchrun; each beside one process."""
     out = tmp_path / "sc.json"
-    result = launch(SCALING, None, "--model", "both", "--global-batch-size", "8", "--steps", "2",
-                    "--warmup", "1", "--nproc-list", "1,2", "--timeout", "60", "--json", out, timeout=120)
+    result = launch(
+        SCALING,
+        None,
+        "--model",
+        "both",
+        "--global-batch-size",
+        "8",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--nproc-list",
+        "1,2",
+        "--timeout",
+        "60",
+        "--json",
+        out,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "thread(s) per process" in result.stdout and "#configuration" in result.stdout
     assert "# overlap = (compute + comm - step) / comm" in result.stdout  # the column is explained
@@ -99,10 +120,13 @@ def test_scaling_whole_comparison(tmp_path):
         assert sum(two["bucket_bytes"]) == m["gradient_bytes"] and two["buckets"] == len(two["bucket_bytes"])
 
 
-@pytest.mark.parametrize("script, options", [
-    (ALLREDUCE, ["--min-bytes", "--max-bytes", "--impl", "--json", "--iters", "--quiet"]),
-    (SCALING, ["--model", "--nproc-list", "--threads", "--json", "--global-batch-size", "--quiet"]),
-])
+@pytest.mark.parametrize(
+    "script, options",
+    [
+        (ALLREDUCE, ["--min-bytes", "--max-bytes", "--impl", "--json", "--iters", "--quiet"]),
+        (SCALING, ["--model", "--nproc-list", "--threads", "--json", "--global-batch-size", "--quiet"]),
+    ],
+)
 def test_help(script, options, capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_script(script).parse_args(["--help"])
@@ -119,14 +143,17 @@ def test_bad_argument_from_the_command_line():
     assert errors == ["bench_scaling.py: error: --steps and --threads must be at least 1, --warmup at least 0"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--min-bytes", "2"], "need 4 <= --min-bytes"),
-    (["--min-bytes", "1M", "--max-bytes", "1K"], "need 4 <= --min-bytes"),
-    (["--max-bytes", "lots"], "not a size"),
-    (["--factor", "1"], "--factor must be at least 2"),
-    (["--iters", "0"], "--iters and --threads >= 1"),
-    (["--impl", "tree"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--min-bytes", "2"], "need 4 <= --min-bytes"),
+        (["--min-bytes", "1M", "--max-bytes", "1K"], "need 4 <= --min-bytes"),
+        (["--max-bytes", "lots"], "not a size"),
+        (["--factor", "1"], "--factor must be at least 2"),
+        (["--iters", "0"], "--iters and --threads >= 1"),
+        (["--impl", "tree"], "invalid choice"),
+    ],
+)
 def test_allreduce_bad_arguments(args, message, capsys):
     module = load_script(ALLREDUCE)
     with pytest.raises(SystemExit) as exit_info:
@@ -181,8 +208,11 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("widths", [[512] * 9, [256, 768, 768, 10], [32, 128, 128, 1], [512, 2048, 2048, 2048, 10]],
-                         ids=["8x512", "compute", "small", "wide"])
+@pytest.mark.parametrize(
+    "widths",
+    [[512] * 9, [256, 768, 768, 10], [32, 128, 128, 1], [512, 2048, 2048, 2048, 10]],
+    ids=["8x512", "compute", "small", "wide"],
+)
 def test_bucket_model_is_what_ddp_builds(widths, one_rank_group):
     """bench_scaling.bucket_sizes == DDP's buckets after its first step, with bucket_cap_mb unset, 25 and 1.
 
@@ -221,14 +251,17 @@ def test_allreduce_sizes_parse():
     assert module.size_arg("4096") == 4096
 
 
-@pytest.mark.parametrize("args, env, message", [
-    (["--global-batch-size", "7", "--nproc-list", "1,2"], {}, "not divisible by 2"),
-    (["--nproc-list", "1,x"], {}, "--nproc-list takes process counts"),
-    (["--nproc-list", "0,2"], {}, "at least 1"),
-    (["--nproc-list", "1,2"], {"RANK": "0", "WORLD_SIZE": "2"}, "run it with plain python"),
-    (["--model", "huge"], {}, "invalid choice"),
-    (["--bucket-cap-mb", "0"], {}, "must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--global-batch-size", "7", "--nproc-list", "1,2"], {}, "not divisible by 2"),
+        (["--nproc-list", "1,x"], {}, "--nproc-list takes process counts"),
+        (["--nproc-list", "0,2"], {}, "at least 1"),
+        (["--nproc-list", "1,2"], {"RANK": "0", "WORLD_SIZE": "2"}, "run it with plain python"),
+        (["--model", "huge"], {}, "invalid choice"),
+        (["--bucket-cap-mb", "0"], {}, "must be positive"),
+    ],
+)
 def test_scaling_bad_arguments(args, env, message, capsys, monkeypatch):
     for var in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)

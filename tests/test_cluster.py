@@ -72,15 +72,16 @@ def srun_command(text):
 def test_batch_script_runs_the_course_command():
     words = srun_command(SBATCH.read_text())
     torchrun = words.index("torchrun")
-    options = words[torchrun + 1:words.index("scripts/train_ddp.py")]
+    options = words[torchrun + 1 : words.index("scripts/train_ddp.py")]
     assert "--rdzv-backend=c10d" in options
     assert any(o.startswith("--rdzv-endpoint=$HEAD_NODE:$RDZV_PORT") for o in options)
     assert any(o.startswith("--max-restarts=") for o in options), "a crash should restart the job"
     assert any(o.startswith("--nnodes=$SLURM_NNODES") for o in options)
     assert not any(re.search(r"port=\d", o) or re.search(r":\d{4,5}$", o) for o in options), "a fixed port"
     assert "--checkpoint-dir" in words
-    assert re.search(r"(?m)^export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1$", SBATCH.read_text()), \
+    assert re.search(r"(?m)^export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1$", SBATCH.read_text()), (
         "restarts on several nodes need a fresh store every rendezvous round"
+    )
 
 
 def free_port_for_job_id():
@@ -108,13 +109,24 @@ def test_batch_script_runs_end_to_end_on_two_emulated_nodes(tmp_path, train_ddp)
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IXUSR)
     port, job_id = free_port_for_job_id()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RANK", "LOCAL_", "WORLD_SIZE", "MASTER_", "TORCHELASTIC"))}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-               SLURM_JOB_ID=str(job_id), SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]",
-               SLURM_JOB_NAME="train-ddp", SLURM_GPUS_ON_NODE="1", SRUN_LOG_DIR=str(tmp_path),
-               CKPT_DIR=str(tmp_path / "ckpt"), OUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1",
-               CUDA_VISIBLE_DEVICES="")  # the emulated nodes would share cuda:0, which nccl refuses
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "LOCAL_", "WORLD_SIZE", "MASTER_", "TORCHELASTIC"))
+    }
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+        SLURM_JOB_ID=str(job_id),
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_JOB_NAME="train-ddp",
+        SLURM_GPUS_ON_NODE="1",
+        SRUN_LOG_DIR=str(tmp_path),
+        CKPT_DIR=str(tmp_path / "ckpt"),
+        OUT_DIR=str(tmp_path / "out"),
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+    )  # the emulated nodes would share cuda:0, which nccl refuses
     result = run_bounded(["bash", str(SBATCH)], timeout=120, cwd=ROOT, env=env)
     logs = "".join((tmp_path / f"node{i}.log").read_text() for i in range(2) if (tmp_path / f"node{i}.log").exists())
     assert result.returncode == 0, result.stdout + result.stderr + logs[-3000:]
@@ -125,12 +137,20 @@ def test_batch_script_runs_end_to_end_on_two_emulated_nodes(tmp_path, train_ddp)
 
     # The same training in one process, without SLURM: the same weights (up to summation order).
     words = srun_command(SBATCH.read_text())
-    rest = words[words.index("scripts/train_ddp.py") + 1:]
-    train_args = [w for i, w in enumerate(rest)  # without the flags whose values come from SLURM
-                  if not w.startswith("$") and not (i + 1 < len(rest) and rest[i + 1].startswith("$"))]
-    one = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_ddp.py"), *train_args,
-                          "--out", str(tmp_path / "one")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, env={**env, "PATH": os.environ["PATH"]})
+    rest = words[words.index("scripts/train_ddp.py") + 1 :]
+    train_args = [
+        w
+        for i, w in enumerate(rest)  # without the flags whose values come from SLURM
+        if not w.startswith("$") and not (i + 1 < len(rest) and rest[i + 1].startswith("$"))
+    ]
+    one = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train_ddp.py"), *train_args, "--out", str(tmp_path / "one")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "PATH": os.environ["PATH"]},
+    )
     assert one.returncode == 0, one.stderr
     a = torch.load(tmp_path / "out" / "final.pt", weights_only=True)
     b = torch.load(tmp_path / "one" / "final.pt", weights_only=True)
@@ -171,7 +191,7 @@ def test_every_pod_runs_the_same_course_command(job, train_ddp, monkeypatch):
     script = args.index("scripts/train_ddp.py")
     world_size = int(option(args, "--nnodes")) * int(option(args, "--nproc_per_node"))
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
-    parsed = train_ddp.parse_args(args[script + 1:])  # exits (fails the test) on an unknown flag
+    parsed = train_ddp.parse_args(args[script + 1 :])  # exits (fails the test) on an unknown flag
     assert parsed.checkpoint_dir is not None
 
 

@@ -57,8 +57,7 @@ def test_duplicate_device_is_rejected():
 
 
 def test_error_messages_are_one_line():
-    for call in (lambda: dp.chunk_sizes(1, 2), lambda: dp.cpu_devices(0),
-                 lambda: dp.check_devices(["tpu:0"])):
+    for call in (lambda: dp.chunk_sizes(1, 2), lambda: dp.cpu_devices(0), lambda: dp.check_devices(["tpu:0"])):
         with pytest.raises(ValueError) as info:
             call()
         assert "\n" not in str(info.value)
@@ -129,8 +128,7 @@ def test_reduce_gradients_accumulates_like_backward():
 
 def test_time_phases_reports_every_phase():
     model = small_model()
-    times = dp.time_phases(model, torch.randn(12, 10), torch.randn(12, 5), F.mse_loss, 2,
-                           repeats=1)
+    times = dp.time_phases(model, torch.randn(12, 10), torch.randn(12, 5), F.mse_loss, 2, repeats=1)
     assert set(times) == {*dp.PHASES, "full batch"} and all(t > 0 for t in times.values())
     overhead, compute = dp.overhead_and_compute(times)
     assert overhead > 0 and compute > 0
@@ -139,7 +137,6 @@ def test_time_phases_reports_every_phase():
         dp.time_phases(model, torch.randn(4, 10), torch.randn(4, 5), F.mse_loss, 2, repeats=0)
 
 
-@pytest.mark.parametrize("seconds,text", [(85e-6, "0.09 ms"), (0.0123, "12.30 ms"),
-                                          (1.5, "1500.00 ms")])
+@pytest.mark.parametrize("seconds,text", [(85e-6, "0.09 ms"), (0.0123, "12.30 ms"), (1.5, "1500.00 ms")])
 def test_format_ms(seconds, text):
     assert dp.format_ms(seconds) == text

@@ -25,7 +25,7 @@ def test_every_explorer_is_the_one_pattern(make):
     assert isinstance(e, Explorer) and e.result.value
     assert e.plot is None or bytes(e.plot.value).startswith(b"\x89PNG")  # there before any control moves
     assert len(repr(e)) <= 110  # ipywidgets cuts longer text reprs
-    assert list(e.children[:len(e.controls)]) == list(e.controls.values())
+    assert list(e.children[: len(e.controls)]) == list(e.controls.values())
 
 
 def test_placement_explorer_follows_its_sliders():
@@ -36,8 +36,9 @@ def test_placement_explorer_follows_its_sliders():
 
 
 def test_cost_model_explorer_shows_the_model_prediction():
-    e = cost_model_explorer(world_size=4, compute_ms=500, model_mb=100, bandwidth_gbit=8,
-                            latency_us=0, overlap=0.0, algorithm="ring")
+    e = cost_model_explorer(
+        world_size=4, compute_ms=500, model_mb=100, bandwidth_gbit=8, latency_us=0, overlap=0.0, algorithm="ring"
+    )
     p = cm.predict(4, compute_s=0.5, model_bytes=100e6, bandwidth=8 * GBIT)  # 8 Gbit/s = 1 GB/s
     assert e.prediction() == p
     assert "predicted step            650.0 ms" in e.summary()
@@ -72,7 +73,11 @@ def test_zero_calculator_summary_figure_and_controls():
     assert len(draw(1.5, 8, "fp32", 40).axes) == 2
     ui = zero_calculator()
     assert [c.description for c in ui.children[:4]] == [
-        "parameters (billions)", "ranks N", "precision", "device memory (GB)"]
+        "parameters (billions)",
+        "ranks N",
+        "precision",
+        "device memory (GB)",
+    ]
     assert "120.00 GB" in ui.result.value
     before = (ui.result.value, ui.plot.value)
     ranks = ui.controls["world_size"]

@@ -26,14 +26,14 @@ import psutil
 import pytest
 import torch
 
+from helpers import load_script
 from parallel_course.launch import run_bounded_once_more_on_exit_crash
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 # 4 epochs of 32 steps (global batch 32 of 1024 samples), a checkpoint every 5 steps
-TRAIN = ["--epochs", "4", "--samples", "1024", "--global-batch-size", "32", "--seed", "3",
-         "--checkpoint-every", "5"]
+TRAIN = ["--epochs", "4", "--samples", "1024", "--global-batch-size", "32", "--seed", "3", "--checkpoint-every", "5"]
 STEPS = 4 * 1024 // 32
 TRIALS = int(os.environ.get("PARALLEL_COURSE_FAULT_TRIALS", "2"))
 LAUNCH_TIMEOUT = 120  # s: a launch that takes longer is a hang, and is killed
@@ -41,15 +41,29 @@ LAUNCH_TIMEOUT = 120  # s: a launch that takes longer is a hang, and is killed
 
 def env(**extra):
     e = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
+    for var in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_USE_AGENT_STORE",
+    ):
         e.pop(var, None)
     return e
 
 
 def torchrun_cmd(*args, restarts=0):
-    return [TORCHRUN, "--standalone", "--nproc_per_node=2", f"--max-restarts={restarts}", str(SCRIPT),
-            *[str(a) for a in args]]
+    return [
+        TORCHRUN,
+        "--standalone",
+        "--nproc_per_node=2",
+        f"--max-restarts={restarts}",
+        str(SCRIPT),
+        *[str(a) for a in args],
+    ]
 
 
 def survivors(marker):
@@ -81,8 +95,15 @@ class Launch:
     def __init__(self, cmd, timeout=LAUNCH_TIMEOUT, **extra_env):
         self.start = time.monotonic()
         self.deadline = self.start + timeout
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**extra_env), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env(**extra_env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def workers(self):
         try:
@@ -151,8 +172,20 @@ def test_crash_at_a_random_step_resumes_exactly(reference, tmp_path, request, tr
     rng, seed = trial_rng()
     step, rank = rng.randint(1, STEPS), rng.randint(0, 1)
     print(f"\n{request.node.name}: crash of rank {rank} in step {step} of {STEPS} (seed {seed})")
-    job = Launch(torchrun_cmd(*TRAIN, "--out", tmp_path / "out", "--checkpoint-dir", tmp_path / "ckpt",
-                              "--fail-at-step", step, "--fail-rank", rank, restarts=1))
+    job = Launch(
+        torchrun_cmd(
+            *TRAIN,
+            "--out",
+            tmp_path / "out",
+            "--checkpoint-dir",
+            tmp_path / "ckpt",
+            "--fail-at-step",
+            step,
+            "--fail-rank",
+            rank,
+            restarts=1,
+        )
+    )
     rc, out, err, _ = job.finish()
     what = f"crash of rank {rank} in step {step} (seed {seed})"
     assert rc == 0, f"{what}: torchrun exited {rc}:\n{err[-3000:]}"
@@ -182,8 +215,10 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, request
             delay /= 2
     else:
         pytest.fail("the workers always finished before the kill")
-    print(f"\n{request.node.name}: SIGKILL of {who} {delay:.2f} s after the workers started "
-          f"(the reference's trained for {reference['worker_seconds']:.1f} s; seed {seed})")
+    print(
+        f"\n{request.node.name}: SIGKILL of {who} {delay:.2f} s after the workers started "
+        f"(the reference's trained for {reference['worker_seconds']:.1f} s; seed {seed})"
+    )
     rc, _, err, _ = job.finish()
     what = f"SIGKILL of {who} {delay:.2f} s after the workers started (seed {seed})"
     assert rc == 0, f"{what}: torchrun exited {rc}:\n{err[-3000:]}"
@@ -197,9 +232,21 @@ def test_crash_resumes_exactly_with_a_fresh_store_every_round(reference, tmp_pat
     """torchrun gives every round a new store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as the cluster
     files set it): the workers are told TORCHELASTIC_USE_AGENT_STORE=False and join plainly."""
     step = STEPS // 2 + 1
-    job = Launch(torchrun_cmd(*TRAIN, "--out", tmp_path / "out", "--checkpoint-dir", tmp_path / "ckpt",
-                              "--fail-at-step", step, "--fail-rank", 1, restarts=1),
-                 TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    job = Launch(
+        torchrun_cmd(
+            *TRAIN,
+            "--out",
+            tmp_path / "out",
+            "--checkpoint-dir",
+            tmp_path / "ckpt",
+            "--fail-at-step",
+            step,
+            "--fail-rank",
+            1,
+            restarts=1,
+        ),
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+    )
     rc, _, err, _ = job.finish()
     assert rc == 0, f"torchrun exited {rc}:\n{err[-3000:]}"
     assert f"injected failure: rank 1 in step {step}" in err
@@ -211,15 +258,30 @@ def test_crash_resumes_exactly_with_a_fresh_store_every_round(reference, tmp_pat
 
 def test_a_hung_rank_is_an_error_within_the_timeout(tmp_path):
     timeout = 3
-    job = Launch(torchrun_cmd(*TRAIN, "--out", tmp_path / "out", "--timeout", timeout,
-                              "--fail-at-step", 3, "--fail-rank", 1, "--fail-how", "hang"))
+    job = Launch(
+        torchrun_cmd(
+            *TRAIN,
+            "--out",
+            tmp_path / "out",
+            "--timeout",
+            timeout,
+            "--fail-at-step",
+            3,
+            "--fail-rank",
+            1,
+            "--fail-how",
+            "hang",
+        )
+    )
     job.wait_for_workers()
     started = time.monotonic()
     rc, out, err, _ = job.finish()
     seconds = time.monotonic() - started
     assert rc != 0, "a hung rank must fail the job"
-    timed_out = (f"Timed out waiting {timeout * 1000}ms",  # gloo: the other rank's collective
-                 "Watchdog caught collective operation timeout")  # nccl (a GPU per process)
+    timed_out = (
+        f"Timed out waiting {timeout * 1000}ms",  # gloo: the other rank's collective
+        "Watchdog caught collective operation timeout",
+    )  # nccl (a GPU per process)
     assert any(words in err for words in timed_out), err[-3000:]
     # The hung rank gives up by itself only after 10 x timeout: the job ended before, by the timeout.
     assert seconds < 10 * timeout, f"the job took {seconds:.1f} s to fail"
@@ -231,8 +293,8 @@ def test_two_jobs_at_once_do_not_collide(tmp_path):
 
     def run(name):
         results[name] = run_bounded_once_more_on_exit_crash(
-            torchrun_cmd(*TRAIN, "--epochs", 1, "--out", tmp_path / name), timeout=LAUNCH_TIMEOUT,
-            cwd=ROOT, env=env())
+            torchrun_cmd(*TRAIN, "--epochs", 1, "--out", tmp_path / name), timeout=LAUNCH_TIMEOUT, cwd=ROOT, env=env()
+        )
 
     threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
     for t in threads:
@@ -245,8 +307,14 @@ def test_two_jobs_at_once_do_not_collide(tmp_path):
 
 
 def python_run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *[str(a) for a in args]], cwd=ROOT, env=env(),
-                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *[str(a) for a in args]],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -289,20 +357,36 @@ def test_a_bad_checkpoint_is_a_one_line_error(checkpoint, tmp_path, damage):
     assert not (tmp_path / "out" / "final.pt").exists(), "it trained from scratch"
 
 
-def test_a_checkpoint_dir_that_is_a_file_is_a_one_line_error(tmp_path):
-    not_a_dir = tmp_path / "ckpt"
-    not_a_dir.write_text("not a folder")
-    result = python_run("--out", tmp_path / "out", "--checkpoint-dir", not_a_dir)
-    one_line_error(result, "--checkpoint-dir")
-    assert result.returncode == 2 and not (tmp_path / "out").exists()
+@pytest.fixture(scope="module")
+def train_ddp():
+    """The script as a module: its argument checks run in this process, no launch (the command
+    line's one-line error and exit code 2 are checked once, in test_train_ddp.py)."""
+    return load_script(SCRIPT)
 
 
-@pytest.mark.parametrize("bad", [["--checkpoint-every", "0"], ["--timeout", "0"],
-                                 ["--fail-at-step", "0"], ["--fail-at-step", "3", "--fail-rank", "1"]])
-def test_bad_fault_arguments_are_one_line_errors(tmp_path, bad):
-    result = python_run("--out", tmp_path / "out", *bad)
-    one_line_error(result)
-    assert result.returncode == 2 and not (tmp_path / "out").exists()
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--checkpoint-every", "0"],
+        ["--timeout", "0"],
+        ["--fail-at-step", "0"],
+        ["--fail-at-step", "3", "--fail-rank", "1"],
+        ["CHECKPOINT_DIR_IS_A_FILE"],
+    ],
+)
+def test_bad_fault_arguments_are_one_line_errors(train_ddp, tmp_path, monkeypatch, capsys, bad):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if bad == ["CHECKPOINT_DIR_IS_A_FILE"]:
+        (tmp_path / "ckpt").write_text("not a folder")
+        bad = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    with pytest.raises(SystemExit) as exit_info:
+        train_ddp.parse_args(["--out", str(tmp_path / "out"), *bad])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert sum("error" in line for line in err) == 1 and "error: " in err[-1], err
+    if bad[0] == "--checkpoint-dir":
+        assert "--checkpoint-dir" in err[-1]
+    assert not (tmp_path / "out").exists()
 
 
 def test_resume_from_a_checkpoint_continues_where_it_stopped(checkpoint, tmp_path):

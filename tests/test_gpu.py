@@ -7,13 +7,13 @@ or nccl is missing or there are fewer GPUs than it needs. On a GPU machine: ``ma
    with the same global batch;
 2. scripts/bench_allreduce.py measures a positive bus bandwidth on nccl (dist.all_reduce and
    the course's ring);
-3. scripts/c06_amp_profile.py trains with float16 autocast + GradScaler under DDP on nccl and
+3. scripts/c06_amp_and_profiler.py trains with float16 autocast + GradScaler under DDP on nccl and
    clips the unscaled gradients (unscale_ first, then clip_grad_norm_: M17);
 4. SyncBatchNorm under DDP on nccl leaves the same running statistics on every rank, those of
-   one BatchNorm over the whole global batch (and scripts/c05_sync_details.py runs on nccl);
+   one BatchNorm over the whole global batch (and scripts/c05_controlling_sync.py runs on nccl);
 5. real nn.DataParallel on the GPUs gives the outputs and gradients of the course's re-enactment
    on threads (parallel_course.data_parallel), with the same chunks;
-6. scripts/c09_debug.py's demos (a collective mismatch under TORCH_DISTRIBUTED_DEBUG=DETAIL,
+6. scripts/c09_failures.py's demos (a collective mismatch under TORCH_DISTRIBUTED_DEBUG=DETAIL,
    a stuck rank named by monitored_barrier, the stale store a restart finds) work on nccl, and
    train_ddp.py resumes a crash bit for bit there;
 7. every chapter script the notebooks launch (03, 05, 07, 08) runs on nccl and reports no failed
@@ -53,8 +53,10 @@ NCCL = torch.distributed.is_available() and torch.distributed.is_nccl_available(
 def gpu_skip_reason(needed: int, cuda: bool, gpus: int, nccl: bool) -> str | None:
     """Why a test that needs ``needed`` GPUs cannot run here, or None if it can."""
     if not cuda:
-        return (f"needs CUDA, and torch {torch.__version__} sees none here: "
-                "run on a machine with NVIDIA GPUs (make test-gpu)")
+        return (
+            f"needs CUDA, and torch {torch.__version__} sees none here: "
+            "run on a machine with NVIDIA GPUs (make test-gpu)"
+        )
     if not nccl:
         return f"needs nccl, and this torch {torch.__version__} build has none"
     if gpus < needed:
@@ -76,20 +78,28 @@ def needs_gpus(n: int):
 def launch(cmd: list, cwd: Path, timeout: float, **extra_env) -> subprocess.CompletedProcess:
     """Run ``cmd`` in ``cwd`` as a fresh job would (no inherited rank variables), bounded."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **extra_env}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "TORCHELASTIC_RESTART_COUNT", "TORCH_DISTRIBUTED_DEBUG"):
+    for var in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCH_DISTRIBUTED_DEBUG",
+    ):
         if var not in extra_env:
             env.pop(var, None)
     try:
         return run_bounded_once_more_on_exit_crash([str(c) for c in cmd], timeout=timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(map(str, cmd))} did not finish within {timeout} s; its last words:\n"
-                    f"{(e.stderr or '')[-3000:]}")
+        pytest.fail(
+            f"{' '.join(map(str, cmd))} did not finish within {timeout} s; its last words:\n{(e.stderr or '')[-3000:]}"
+        )
 
 
 def torchrun(nproc: int, script, *args, cwd: Path, timeout: float = 240, **extra_env):
-    return launch([TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, *args],
-                  cwd, timeout, **extra_env)
+    return launch([TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, *args], cwd, timeout, **extra_env)
 
 
 def python(script, *args, cwd: Path, timeout: float = 240, **extra_env):
@@ -109,16 +119,25 @@ def ok(result: subprocess.CompletedProcess) -> str:
 def test_train_ddp_on_nccl_equals_one_process(tmp_path):
     """World size = GPU count under torchrun vs plain python, the same global batch."""
     global_batch = 8 * GPUS  # 8 per rank
-    args = ["--epochs", "3", "--global-batch-size", global_batch, "--samples", 8 * global_batch,
-            "--seed", "1", "--lr", "0.05"]  # samples a multiple of the global batch: no padding
+    args = [
+        "--epochs",
+        "3",
+        "--global-batch-size",
+        global_batch,
+        "--samples",
+        8 * global_batch,
+        "--seed",
+        "1",
+        "--lr",
+        "0.05",
+    ]  # samples a multiple of the global batch: no padding
     one = ok(python(SCRIPTS / "train_ddp.py", *args, "--out", tmp_path / "one", cwd=tmp_path))
     many = ok(torchrun(GPUS, SCRIPTS / "train_ddp.py", *args, "--out", tmp_path / "many", cwd=tmp_path))
     assert "backend=nccl device=cuda world_size=1 " in one, one
     assert f"backend=nccl device=cuda world_size={GPUS} " in many, many
     assert f"{GPUS} of {GPUS} ranks reloaded it: equal to their replica" in many, many
 
-    w1, wn = (torch.load(tmp_path / d / "final.pt", map_location="cpu", weights_only=True)
-              for d in ("one", "many"))
+    w1, wn = (torch.load(tmp_path / d / "final.pt", map_location="cpu", weights_only=True) for d in ("one", "many"))
     assert w1.keys() == wn.keys() == {"linear.weight", "linear.bias"}
     diff = max((w1[k] - wn[k]).abs().max().item() for k in w1)
     # float32 on GPUs: nccl's reduction order and cuBLAS kernels differ from one process's.
@@ -138,9 +157,28 @@ def test_train_ddp_on_nccl_equals_one_process(tmp_path):
 @needs_gpus(2)
 def test_bench_allreduce_on_nccl(tmp_path):
     out = tmp_path / "ar.json"
-    stdout = ok(torchrun(GPUS, SCRIPTS / "bench_allreduce.py", "--min-bytes", "1K", "--max-bytes", "64K",
-                         "--factor", "4", "--warmup", "2", "--iters", "5", "--impl", "both", "--json", out,
-                         cwd=tmp_path, timeout=180))
+    stdout = ok(
+        torchrun(
+            GPUS,
+            SCRIPTS / "bench_allreduce.py",
+            "--min-bytes",
+            "1K",
+            "--max-bytes",
+            "64K",
+            "--factor",
+            "4",
+            "--warmup",
+            "2",
+            "--iters",
+            "5",
+            "--impl",
+            "both",
+            "--json",
+            out,
+            cwd=tmp_path,
+            timeout=180,
+        )
+    )
     assert f"# all_reduce: {GPUS} ranks, backend=nccl device=cuda" in stdout, stdout
     report = json.loads(out.read_text())
     assert (report["world_size"], report["backend"], report["device"]) == (GPUS, "nccl", "cuda")
@@ -157,9 +195,9 @@ def test_bench_allreduce_on_nccl(tmp_path):
 
 # --------------------------------------------------------------------------- 3. c06: AMP + GradScaler
 
-# Runs scripts/c06_amp_profile.py unchanged, with GradScaler.unscale_ and clip_grad_norm_
+# Runs scripts/c06_amp_and_profiler.py unchanged, with GradScaler.unscale_ and clip_grad_norm_
 # recording each call: the order, the loss scale, and the gradient norm that clipping saw.
-AMP_RECORDER = '''
+AMP_RECORDER = """
 import json, os, runpy, sys
 from pathlib import Path
 
@@ -186,7 +224,7 @@ torch.nn.utils.clip_grad_norm_ = recording_clip_grad_norm_
 sys.argv = [script, *sys.argv[3:]]
 runpy.run_path(script, run_name="__main__")
 (events_dir / f"events_rank{os.environ['RANK']}.json").write_text(json.dumps(events))
-'''
+"""
 
 
 @needs_gpus(1)
@@ -195,10 +233,23 @@ def test_c06_amp_float16_with_grad_scaler_on_nccl(tmp_path):
     recorder = tmp_path / "amp_recorder.py"
     recorder.write_text(AMP_RECORDER)
     out = tmp_path / "out"
-    stdout = ok(torchrun(GPUS, recorder, tmp_path, SCRIPTS / "c06_amp_profile.py", "--out", out,
-                         "--steps", steps, cwd=tmp_path, timeout=300))
-    assert (f"DDP + AMP: {GPUS} ranks, backend=nccl device=cuda, autocast dtype=float16, "
-            "GradScaler on") in stdout, stdout
+    stdout = ok(
+        torchrun(
+            GPUS,
+            recorder,
+            tmp_path,
+            SCRIPTS / "c06_amp_and_profiler.py",
+            "--out",
+            out,
+            "--steps",
+            steps,
+            cwd=tmp_path,
+            timeout=300,
+        )
+    )
+    assert (f"DDP + AMP: {GPUS} ranks, backend=nccl device=cuda, autocast dtype=float16, GradScaler on") in stdout, (
+        stdout
+    )
     assert f"loss fell over {steps} steps: yes; replicas identical: yes" in stdout, stdout
     launches = re.search(r"(\d+) all-reduce launches per step", stdout)
     assert launches and int(launches.group(1)) >= 1, f"no all-reduce seen by the profiler:\n{stdout}"
@@ -286,8 +337,11 @@ def test_sync_batch_norm_same_running_stats_on_every_rank(tmp_path):
     batches = sync_bn_batches(GPUS)
     torch.save(batches, tmp_path / "batches.pt")
     (tmp_path / "sync_bn.py").write_text(SYNC_BN)
-    ok(torchrun(GPUS, tmp_path / "sync_bn.py", tmp_path / "batches.pt", tmp_path / "stats.json",
-                cwd=tmp_path, timeout=180))
+    ok(
+        torchrun(
+            GPUS, tmp_path / "sync_bn.py", tmp_path / "batches.pt", tmp_path / "stats.json", cwd=tmp_path, timeout=180
+        )
+    )
     result = json.loads((tmp_path / "stats.json").read_text())
     assert (result["backend"], result["world_size"]) == ("nccl", GPUS)
     assert (result["sync_class"], result["plain_class"]) == ("SyncBatchNorm", "BatchNorm1d")
@@ -308,7 +362,7 @@ def test_sync_batch_norm_same_running_stats_on_every_rank(tmp_path):
 
 @needs_gpus(2)
 def test_c05_sync_details_on_nccl(tmp_path):
-    stdout = ok(torchrun(GPUS, SCRIPTS / "c05_sync_details.py", cwd=tmp_path, timeout=180))
+    stdout = ok(torchrun(GPUS, SCRIPTS / "c05_controlling_sync.py", cwd=tmp_path, timeout=180))
     assert "SyncBatchNorm on cuda: ran" in stdout, stdout
     for config in ("no_sync, loss / accum_steps", "no no_sync, loss / accum_steps"):
         line = next(s for s in stdout.splitlines() if s.strip().startswith(config + " "))
@@ -317,21 +371,30 @@ def test_c05_sync_details_on_nccl(tmp_path):
     assert ("mean and variance equal the whole batch's within 1e-05: True") in stdout, stdout
 
 
-# --------------------------------------------------------------------------- 6. c09_debug.py
+# --------------------------------------------------------------------------- 6. c09_failures.py
 
 
 @needs_gpus(2)
 def test_c09_collective_mismatch_named_on_nccl(tmp_path):
-    stdout = ok(torchrun(2, SCRIPTS / "c09_debug.py", "mismatch", "--out-dir", tmp_path, cwd=tmp_path,
-                         timeout=120, TORCH_DISTRIBUTED_DEBUG="DETAIL"))
+    stdout = ok(
+        torchrun(
+            2,
+            SCRIPTS / "c09_failures.py",
+            "mismatch",
+            "--out-dir",
+            tmp_path,
+            cwd=tmp_path,
+            timeout=120,
+            TORCH_DISTRIBUTED_DEBUG="DETAIL",
+        )
+    )
     assert "rank 0: Detected mismatch between collectives on ranks." in stdout, stdout
     assert "TensorShape=[4]" in stdout and "TensorShape=[5]" in stdout, stdout
 
 
 @needs_gpus(2)
 def test_c09_stuck_rank_named_on_nccl(tmp_path):
-    stdout = ok(torchrun(2, SCRIPTS / "c09_debug.py", "stuck", "--out-dir", tmp_path, cwd=tmp_path,
-                         timeout=120))
+    stdout = ok(torchrun(2, SCRIPTS / "c09_failures.py", "stuck", "--out-dir", tmp_path, cwd=tmp_path, timeout=120))
     assert "rank 0: " in stdout and "Rank 1 failed to pass monitoredBarrier" in stdout, stdout
     stack = (tmp_path / "c09_stack_rank1.txt").read_text()
     assert "in load_batch" in stack, f"faulthandler should show rank 1 in load_batch():\n{stack}"
@@ -340,8 +403,20 @@ def test_c09_stuck_rank_named_on_nccl(tmp_path):
 @needs_gpus(2)
 def test_c09_stale_store_shown_on_nccl(tmp_path):
     """A restarted attempt finds the previous attempt's keys in torchrun's store (nccl too)."""
-    stdout = ok(launch([TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-                        SCRIPTS / "c09_debug.py", "stale-store"], tmp_path, 180))
+    stdout = ok(
+        launch(
+            [
+                TORCHRUN,
+                "--standalone",
+                "--nproc_per_node=2",
+                "--max-restarts=1",
+                SCRIPTS / "c09_failures.py",
+                "stale-store",
+            ],
+            tmp_path,
+            180,
+        )
+    )
     found = re.search(r"finds in torchrun's store: \[(.*)\]", stdout)
     assert found and found.group(1).strip(), f"attempt 1 should find attempt 0's keys:\n{stdout}"
 
@@ -350,30 +425,75 @@ def test_c09_stale_store_shown_on_nccl(tmp_path):
 def test_train_ddp_crash_on_nccl_resumes_bit_for_bit(tmp_path):
     """A rank that crashes mid-epoch on nccl: torchrun restarts the workers, which resume from the
     checkpoint (CUDA RNG included) and end with the uninterrupted run's weights exactly."""
-    args = ["--epochs", "2", "--global-batch-size", 8 * GPUS, "--samples", 64 * GPUS, "--seed", "3",
-            "--checkpoint-every", "5"]
-    ok(torchrun(GPUS, SCRIPTS / "train_ddp.py", *args, "--out", tmp_path / "ref",
-                "--checkpoint-dir", tmp_path / "ref_ckpt", cwd=tmp_path))
-    crashed = launch([TORCHRUN, "--standalone", f"--nproc_per_node={GPUS}", "--max-restarts=1",
-                      SCRIPTS / "train_ddp.py", *args, "--out", tmp_path / "crash",
-                      "--checkpoint-dir", tmp_path / "crash_ckpt", "--fail-at-step", "7", "--fail-rank", "1"],
-                     tmp_path, 300)
+    args = [
+        "--epochs",
+        "2",
+        "--global-batch-size",
+        8 * GPUS,
+        "--samples",
+        64 * GPUS,
+        "--seed",
+        "3",
+        "--checkpoint-every",
+        "5",
+    ]
+    ok(
+        torchrun(
+            GPUS,
+            SCRIPTS / "train_ddp.py",
+            *args,
+            "--out",
+            tmp_path / "ref",
+            "--checkpoint-dir",
+            tmp_path / "ref_ckpt",
+            cwd=tmp_path,
+        )
+    )
+    crashed = launch(
+        [
+            TORCHRUN,
+            "--standalone",
+            f"--nproc_per_node={GPUS}",
+            "--max-restarts=1",
+            SCRIPTS / "train_ddp.py",
+            *args,
+            "--out",
+            tmp_path / "crash",
+            "--checkpoint-dir",
+            tmp_path / "crash_ckpt",
+            "--fail-at-step",
+            "7",
+            "--fail-rank",
+            "1",
+        ],
+        tmp_path,
+        300,
+    )
     ok(crashed)
-    ref, resumed = (torch.load(tmp_path / d / "final.pt", map_location="cpu", weights_only=True)
-                    for d in ("ref", "crash"))
+    ref, resumed = (
+        torch.load(tmp_path / d / "final.pt", map_location="cpu", weights_only=True) for d in ("ref", "crash")
+    )
     assert all(torch.equal(ref[k], resumed[k]) for k in ref), "resumed weights differ from the reference"
 
 
 # Every chapter script the notebooks launch, as they launch it, on nccl: each must pick nccl with a
 # GPU per rank, keep its tensors on that GPU (nccl refuses CPU tensors) and report no failed check.
 CHAPTER_SCRIPTS = [
-    ("hello_allreduce.py",), ("c03_ranks.py",), ("c03_collectives.py",), ("c03_ring.py",),
-    ("c05_inside.py",), ("c05_uneven.py",), ("c07_pipeline.py", "--microbatches", "4", "--repeats", "1"),
-    ("c07_torch_pipelining.py", "--microbatches", "4"), ("c07_tensor_parallel.py",),
-    ("c08_zero.py", "--steps", "5"), ("c08_fsdp.py", "--steps", "5"), ("c08_fsdp_extras.py", "--out", "."),
+    ("hello_allreduce.py",),
+    ("c03_torchrun_environment.py",),
+    ("c03_collectives.py",),
+    ("c03_ring_allreduce.py",),
+    ("c05_ddp_internals.py",),
+    ("c05_uneven_inputs.py",),
+    ("c07_pipeline_executor.py", "--microbatches", "4", "--repeats", "1"),
+    ("c07_torch_pipelining.py", "--microbatches", "4"),
+    ("c07_tensor_parallel.py",),
+    ("c08_zero1_optimizer.py", "--steps", "5"),
+    ("c08_fsdp.py", "--steps", "5"),
+    ("c08_fsdp_options.py", "--out", "."),
 ]
 
-EXPECTED_FALSE = {"c05_inside.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal")}
+EXPECTED_FALSE = {"c05_ddp_internals.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal")}
 
 
 @needs_gpus(2)
@@ -381,8 +501,11 @@ EXPECTED_FALSE = {"c05_inside.py": ("before DDP(...): parameters equal", "withou
 def test_chapter_script_runs_on_nccl(tmp_path, script):
     stdout = ok(torchrun(2, SCRIPTS / script[0], *script[1:], cwd=tmp_path, timeout=240))
     shown_false = EXPECTED_FALSE.get(script[0], ())  # negative controls the script prints on purpose
-    failed = [line for line in stdout.splitlines() if "FAIL" in line
-              or (line.rstrip().endswith("False") and not line.startswith(shown_false))]
+    failed = [
+        line
+        for line in stdout.splitlines()
+        if "FAIL" in line or (line.rstrip().endswith("False") and not line.startswith(shown_false))
+    ]
     assert not failed, f"{script[0]} on nccl reported failed checks:\n" + "\n".join(failed)
 
 
@@ -423,8 +546,12 @@ def test_data_parallel_on_gpus_equals_the_course_re_enactment():
 
 # --------------------------------------------------------------------------- everywhere: the guards
 
-CPU_TESTS = {"test_gpu_marker_is_registered", "test_every_gpu_test_is_marked_and_guarded",
-             "test_skip_reasons", "test_gpu_selection_collects_exactly_the_gpu_tests"}
+CPU_TESTS = {
+    "test_gpu_marker_is_registered",
+    "test_every_gpu_test_is_marked_and_guarded",
+    "test_skip_reasons",
+    "test_gpu_selection_collects_exactly_the_gpu_tests",
+}
 
 
 def all_tests():
@@ -463,8 +590,11 @@ def test_skip_reasons():
 
 def test_gpu_selection_collects_exactly_the_gpu_tests():
     """`pytest -m gpu` (make test-gpu) collects every GPU test and none of these guards."""
-    result = launch([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
-                     Path(__file__).relative_to(ROOT)], ROOT, timeout=120)
+    result = launch(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", Path(__file__).relative_to(ROOT)],
+        ROOT,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     collected = {line.split("::", 1)[1].split("[")[0] for line in result.stdout.splitlines() if "::" in line}
     assert collected == all_tests().keys() - CPU_TESTS, result.stdout

@@ -24,10 +24,26 @@ def run_nbval_on_launch(tmp_path, script_body: str):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "launch.ipynb")
     return run_bounded(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
-         "--nbval-sanitize-with", str(ROOT / "tests/sanitize.cfg"), "--nbval-cell-timeout", "60",
-         "-c", "/dev/null", "--rootdir", str(tmp_path), str(tmp_path / "launch.ipynb")],
-        timeout=120, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--nbval",
+            "--nbval-current-env",
+            "--nbval-sanitize-with",
+            str(ROOT / "tests/sanitize.cfg"),
+            "--nbval-cell-timeout",
+            "60",
+            "-c",
+            "/dev/null",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "launch.ipynb"),
+        ],
+        timeout=120,
+        cwd=tmp_path,
     )
 
 
@@ -47,9 +63,7 @@ def test_make_refuses_an_old_python_with_a_clear_message(tmp_path):
     fake = tmp_path / "python3.9"
     fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Python 3.9.18'; fi\nexit 1\n")
     fake.chmod(0o755)
-    result = run_bounded(
-        [shutil.which("make"), "-s", "-C", str(ROOT), "check-python", f"PYTHON={fake}"], timeout=60
-    )
+    result = run_bounded([shutil.which("make"), "-s", "-C", str(ROOT), "check-python", f"PYTHON={fake}"], timeout=60)
     assert result.returncode != 0
     assert "needs Python 3.11 or newer" in result.stdout
     assert "Python 3.9.18" in result.stdout

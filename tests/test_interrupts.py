@@ -48,8 +48,7 @@ def fresh_env(tmp_path: Path) -> tuple[dict, str]:
 
 def assert_nothing_left(mark: str, spare: set[int] = frozenset()) -> None:
     def left():
-        return [p for p in marked_processes(mark) if p.pid not in spare and p.is_running()
-                and p.status() != "zombie"]
+        return [p for p in marked_processes(mark) if p.pid not in spare and p.is_running() and p.status() != "zombie"]
 
     try:
         wait_for(lambda: not left(), timeout=30, what="the launch's processes to end")
@@ -61,23 +60,45 @@ def assert_nothing_left(mark: str, spare: set[int] = frozenset()) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stopping_the_suite_stops_its_launches(tmp_path, signum):
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    (tmp_path / "test_launch_and_wait.py").write_text(textwrap.dedent(f"""\
+    (tmp_path / "test_launch_and_wait.py").write_text(
+        textwrap.dedent(f"""\
         from parallel_course.launch import run_bounded
 
         def test_a_long_launch():
             run_bounded([{TORCHRUN!r}, "--standalone", "--nproc_per_node=2", "sleeper.py"], timeout=600)
-        """))
+        """)
+    )
     env, mark = fresh_env(tmp_path)
     # The course's conftest as a plugin, on a test folder of its own.
     suite = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-c", os.devnull,
-         "--rootdir", str(tmp_path), "-q", "test_launch_and_wait.py"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(tmp_path),
+            "-q",
+            "test_launch_and_wait.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     try:
-        wait_for(lambda: len(list(tmp_path.glob("rank*"))) == 2 or suite.poll() is not None,
-                 timeout=180, what="both workers to start")
+        wait_for(
+            lambda: len(list(tmp_path.glob("rank*"))) == 2 or suite.poll() is not None,
+            timeout=180,
+            what="both workers to start",
+        )
         assert suite.poll() is None, suite.stdout.read()
         os.killpg(suite.pid, signum)  # as a CI time-out (SIGTERM) or Ctrl-C (SIGINT) would
         out, _ = suite.communicate(timeout=120)

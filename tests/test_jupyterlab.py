@@ -62,8 +62,11 @@ def explorer_notebook() -> nbformat.NotebookNode:
     """One notebook holding every lecture's explorer cell, verbatim, after the imports they need."""
     cells = [nbformat.v4.new_code_cell(EXPLORER_IMPORTS)]
     for lecture, call, _ in EXPLORER_CELLS:
-        source = [c.source for c in nbformat.read(ROOT / "notebooks" / lecture, as_version=4).cells
-                  if c.cell_type == "code" and call in c.source]
+        source = [
+            c.source
+            for c in nbformat.read(ROOT / "notebooks" / lecture, as_version=4).cells
+            if c.cell_type == "code" and call in c.source
+        ]
         assert len(source) == 1, f"{lecture}: expected one cell calling {call}, found {len(source)}"
         cells.append(nbformat.v4.new_code_cell(source[0]))
     nb = nbformat.v4.new_notebook(cells=cells)
@@ -94,23 +97,34 @@ def jupyterlab(tmp_path):
     tracker.write_text(json.dumps({"windowingMode": "none"}))
     # No "news" toast over the notebook in a fresh profile.
     (jupyter["config"] / "labconfig").mkdir()
-    (jupyter["config"] / "labconfig" / "page_config.json").write_text(json.dumps(
-        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}
-    ))
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(jupyter["config"]),
-               JUPYTER_DATA_DIR=str(jupyter["data"]), JUPYTER_RUNTIME_DIR=str(jupyter["runtime"]),
-               JUPYTERLAB_SETTINGS_DIR=str(jupyter["settings"]),
-               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    (jupyter["config"] / "labconfig" / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+    )
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(jupyter["config"]),
+        JUPYTER_DATA_DIR=str(jupyter["data"]),
+        JUPYTER_RUNTIME_DIR=str(jupyter["runtime"]),
+        JUPYTERLAB_SETTINGS_DIR=str(jupyter["settings"]),
+        PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+    )
     port, token = free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={served}",
-           "--KernelManager.transport_encryption=auto"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={served}",
+        "--KernelManager.transport_encryption=auto",
+    ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(tmp_path / "jupyterlab.log", "w")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

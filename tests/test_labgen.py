@@ -9,9 +9,7 @@ def test_code_region_becomes_stub_at_marker_indentation():
     src = "def f(x):\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n\nprint(f(1))"
     out, replaced = clear_solutions(src)
     assert replaced
-    assert out == (
-        "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError()\n\nprint(f(1))"
-    )
+    assert out == ("def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError()\n\nprint(f(1))")
 
 
 def test_markdown_region_becomes_answer_here():

@@ -21,8 +21,7 @@ LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 
 def test_labs_are_what_the_generator_makes():
     result = subprocess.run(
-        [sys.executable, "tools/make_labs.py", "--check"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        [sys.executable, "tools/make_labs.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -36,8 +35,7 @@ def test_every_solution_has_a_lab():
 def test_lab_stops_only_at_not_implemented(lab):
     nb = nbformat.read(lab, as_version=4)
     NotebookClient(
-        nb, timeout=60, kernel_name="python3", allow_errors=True,
-        resources={"metadata": {"path": str(lab.parent)}},
+        nb, timeout=60, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(lab.parent)}}
     ).execute()
 
     def error(cell):
@@ -88,10 +86,16 @@ def test_no_lab_answer_is_shown_outside_solutions():
     other file; a bug-hunt's fixed script shares the course's conventions with the lectures, but
     never most of its lines."""
     shown = {}
-    for path in [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "scripts").rglob("*.py"),
-                 *(ROOT / "src").rglob("*.py")]:
-        text = ("\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
-                if path.suffix == ".ipynb" else path.read_text())
+    for path in [
+        *(ROOT / "notebooks").glob("*.ipynb"),
+        *(ROOT / "scripts").rglob("*.py"),
+        *(ROOT / "src").rglob("*.py"),
+    ]:
+        text = (
+            "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+            if path.suffix == ".ipynb"
+            else path.read_text()
+        )
         shown[path.relative_to(ROOT)] = {" ".join(line.split()) for line in text.splitlines()}
     leaks = []
     for solution in sorted((ROOT / "solutions").glob("*.ipynb")):
@@ -101,6 +105,8 @@ def test_no_lab_answer_is_shown_outside_solutions():
                 for where, seen in shown.items():
                     hits = [line for line in lines if line in seen]
                     if len(hits) >= max(2, 0.6 * len(lines)):
-                        leaks.append(f"{solution.name}: {len(hits)} of {len(lines)} lines of an answer are in {where}, "
-                                     f"e.g. {hits[0]!r}")
+                        leaks.append(
+                            f"{solution.name}: {len(hits)} of {len(lines)} lines of an answer are in {where}, "
+                            f"e.g. {hits[0]!r}"
+                        )
     assert not leaks, "\n".join(leaks)

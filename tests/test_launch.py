@@ -91,8 +91,11 @@ def test_torchrun_does_not_launch_a_lab_script_with_a_stub(tmp_path, monkeypatch
     """A lab's stub, in the script or a module beside it that it imports: no launch, at once."""
     from parallel_course import launch
 
-    monkeypatch.setattr(launch, "run_bounded_once_more_on_exit_crash",
-                        lambda *a, **k: pytest.fail("launched a script that cannot work yet"))
+    monkeypatch.setattr(
+        launch,
+        "run_bounded_once_more_on_exit_crash",
+        lambda *a, **k: pytest.fail("launched a script that cannot work yet"),
+    )
     (tmp_path / "mine.py").write_text("def f():\n    # YOUR CODE HERE\n    raise NotImplementedError()\n")
     (tmp_path / "check.py").write_text("import os\n\nfrom mine import f\n\nf()\n")
     with pytest.raises(NotImplementedError, match="mine.py still has code to write"):
@@ -106,9 +109,11 @@ def test_torchrun_restarts_the_job_when_asked(tmp_path):
     from parallel_course.launch import LaunchFailed, torchrun
 
     script = tmp_path / "flaky.py"  # fails on the first attempt, succeeds on the restart
-    script.write_text("import os, sys\n"
-                      "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0': sys.exit('first attempt fails')\n"
-                      "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'])\n")
+    script.write_text(
+        "import os, sys\n"
+        "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0': sys.exit('first attempt fails')\n"
+        "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+    )
     with pytest.raises(LaunchFailed, match="first attempt fails"):
         torchrun(str(script), world_size=1)
     assert torchrun(str(script), world_size=1, max_restarts=1) == "attempt 1\n"
@@ -149,8 +154,9 @@ def test_other_failures_are_not_run_again(tmp_path):
 def test_with_busy_core_runs_the_command_and_stops_its_hog():
     tool = Path(__file__).resolve().parent.parent / "tools" / "with_busy_core.py"
     code = "import os, psutil; print(sorted(c.pid for c in psutil.Process(os.getppid()).children()))"
-    result = subprocess.run([sys.executable, str(tool), sys.executable, "-c", code],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(tool), sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     hog = int(result.stdout.split("pids ")[1].split(")")[0])
     assert str(hog) in result.stdout.splitlines()[-1], "the hog runs beside the command"

@@ -8,10 +8,8 @@ from parallel_course import memory
 
 
 def test_sixteen_bytes_per_parameter_either_way():
-    assert memory.bytes_per_parameter("mixed") == {
-        "weights": 2, "gradients": 2, "optimizer states": 12, "total": 16}
-    assert memory.bytes_per_parameter("fp32") == {
-        "weights": 4, "gradients": 4, "optimizer states": 8, "total": 16}
+    assert memory.bytes_per_parameter("mixed") == {"weights": 2, "gradients": 2, "optimizer states": 12, "total": 16}
+    assert memory.bytes_per_parameter("fp32") == {"weights": 4, "gradients": 4, "optimizer states": 8, "total": 16}
 
 
 def test_zero_paper_figure_1():
@@ -42,8 +40,7 @@ def test_max_params_inverts_per_rank_bytes():
     assert memory.max_params(80e9, 1, "DDP") == pytest.approx(5e9)
 
 
-@pytest.mark.parametrize("bad", [dict(stage=4), dict(stage="ZeRO-4"), dict(world_size=0),
-                                 dict(precision_name="fp8")])
+@pytest.mark.parametrize("bad", [dict(stage=4), dict(stage="ZeRO-4"), dict(world_size=0), dict(precision_name="fp8")])
 def test_rejects_bad_arguments(bad):
     kwargs = dict(n_params=10, world_size=2, stage=1, precision_name="mixed") | bad
     with pytest.raises(ValueError):

@@ -99,7 +99,7 @@ def test_one_f_one_b_is_its_closed_form_and_the_executor_runs_the_same_orders():
     """The package derives 1F1B from its memory rule (at most p - s micro-batches on stage s); the
     chapter's executor, self-contained, carries the same rule. Both equal the closed form: p - 1 - s
     warm-up forwards, then one forward and one backward in turn, then the remaining backwards."""
-    executor = load_script("c07_pipeline.py")
+    executor = load_script("c07_pipeline_executor.py")
     for p in range(1, 9):
         for m in range(1, 17):
             closed = []

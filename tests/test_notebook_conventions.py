@@ -40,15 +40,9 @@ def test_lecture_opens_and_closes_the_course_way(path):
 
 # One lecture per sitting: at most about 450 lines of code (non-blank lines of its code cells), and
 # no code cell longer than a screen and a half (a long script is written in parts: %%writefile,
-# then %%writefile -a). Lectures still over the line budget, with their size when the rule came in:
-# each may only shrink, and leaves this list once it is under.
+# then %%writefile -a).
 MAX_CELL_LINES = 100
 MAX_LECTURE_CODE_LINES = 450
-OVER_BUDGET = {
-    "04_distributed_data_parallel.ipynb": 579,
-    "05_inside_ddp.ipynb": 509,
-    "09_fault_tolerance_and_debugging.ipynb": 462,
-}
 
 
 def code_lines(path):
@@ -59,10 +53,7 @@ def code_lines(path):
 @pytest.mark.parametrize("path", LECTURES, ids=[p.stem for p in LECTURES])
 def test_lecture_fits_one_sitting(path):
     lines = code_lines(path)
-    budget = OVER_BUDGET.get(path.name, MAX_LECTURE_CODE_LINES)
-    assert lines <= budget, f"{path.name}: {lines} lines of code, over its budget of {budget}"
-    if path.name in OVER_BUDGET:
-        assert lines > MAX_LECTURE_CODE_LINES, f"{path.name} is within budget now: drop it from OVER_BUDGET"
+    assert lines <= MAX_LECTURE_CODE_LINES, f"{path.name}: {lines} lines of code, over {MAX_LECTURE_CODE_LINES}"
 
 
 @pytest.mark.parametrize("path", ALL, ids=[f"{p.parent.name}/{p.stem}" for p in ALL])
@@ -74,7 +65,3 @@ def test_no_code_cell_over_a_screen(path):
                 f"{path.name}: a code cell of {n} lines (at most {MAX_CELL_LINES}; write a script in parts with "
                 f"%%writefile -a):\n{cell.source[:200]}"
             )
-
-
-def test_lecture_budget_list_names_real_lectures():
-    assert set(OVER_BUDGET) <= {p.name for p in LECTURES}

@@ -48,14 +48,17 @@ def test_alpha_beta_fit_weighs_relative_error():
     assert fit.alpha_s == pytest.approx(alpha, rel=0.05)
 
 
-@pytest.mark.parametrize("sizes, times, n, message", [
-    ([1], [1.0], 2, "at least two"),
-    ([1, 2], [1.0], 2, "at least two"),
-    ([1, 2], [1.0, 2.0], 1, "one rank"),
-    ([1, 2], [1.0, 0.0], 2, "positive"),
-    ([4, 4], [1.0, 2.0], 2, "different sizes"),
-    ([1, 1000], [2.0, 1.0], 2, "does not grow"),
-])
+@pytest.mark.parametrize(
+    "sizes, times, n, message",
+    [
+        ([1], [1.0], 2, "at least two"),
+        ([1, 2], [1.0], 2, "at least two"),
+        ([1, 2], [1.0, 2.0], 1, "one rank"),
+        ([1, 2], [1.0, 0.0], 2, "positive"),
+        ([4, 4], [1.0, 2.0], 2, "different sizes"),
+        ([1, 1000], [2.0, 1.0], 2, "does not grow"),
+    ],
+)
 def test_alpha_beta_fit_refuses_what_it_cannot_fit(sizes, times, n, message):
     with pytest.raises(ValueError, match=message):
         perf.fit_alpha_beta(sizes, times, n)
@@ -154,26 +157,56 @@ def test_trace_steps_on_a_gpu_trace_uses_the_kernels():
 
 
 ALLREDUCE_REPORT = {
-    "world_size": 2, "backend": "gloo", "device": "cpu", "iters": 10,
-    "impls": {impl: {"sizes": [{"bytes": s, "time_s": 1e-4 + s / bw,
-                                "busbw_bytes_per_s": s / (1e-4 + s / bw)} for s in (1024, 2**16, 2**20, 2**24)]}
-              for impl, bw in (("torch", 1e9), ("ring", 8e8))},
+    "world_size": 2,
+    "backend": "gloo",
+    "device": "cpu",
+    "iters": 10,
+    "impls": {
+        impl: {
+            "sizes": [
+                {"bytes": s, "time_s": 1e-4 + s / bw, "busbw_bytes_per_s": s / (1e-4 + s / bw)}
+                for s in (1024, 2**16, 2**20, 2**24)
+            ]
+        }
+        for impl, bw in (("torch", 1e9), ("ring", 8e8))
+    },
 }
 
 
 def scaling_report():
     """bench_scaling.py's JSON: each configuration with the one-process step timed beside it."""
+
     def ddp(step, one_process, n, compute=None, comm=None):
-        r = {"step_s": step, "one_process_s": one_process, "samples_per_s": 64 / step,
-             "speedup": one_process / step, "efficiency": one_process / step / n, "overlap": None}
+        r = {
+            "step_s": step,
+            "one_process_s": one_process,
+            "samples_per_s": 64 / step,
+            "speedup": one_process / step,
+            "efficiency": one_process / step / n,
+            "overlap": None,
+        }
         if n > 1:
             r.update(compute_s=compute, comm_s=comm, overlap=perf.overlap_fraction(compute, comm, step))
         return r
-    return {"backend": "gloo", "device": "cpu", "gpus": 0, "threads_per_process": 1,
-            "models": {"small": {"global_batch": 64, "data_parallel": {"skipped": "needs GPUs"},
-                                 "ddp": {"1": ddp(0.0012, 0.001, 1), "2": ddp(0.003, 0.001, 2, 0.0008, 0.001)}},
-                       "compute": {"global_batch": 64, "data_parallel": {"skipped": "needs GPUs"},
-                                   "ddp": {"2": ddp(0.044, 0.08, 2, 0.04, 0.004), "1": ddp(0.081, 0.08, 1)}}}}
+
+    return {
+        "backend": "gloo",
+        "device": "cpu",
+        "gpus": 0,
+        "threads_per_process": 1,
+        "models": {
+            "small": {
+                "global_batch": 64,
+                "data_parallel": {"skipped": "needs GPUs"},
+                "ddp": {"1": ddp(0.0012, 0.001, 1), "2": ddp(0.003, 0.001, 2, 0.0008, 0.001)},
+            },
+            "compute": {
+                "global_batch": 64,
+                "data_parallel": {"skipped": "needs GPUs"},
+                "ddp": {"2": ddp(0.044, 0.08, 2, 0.04, 0.004), "1": ddp(0.081, 0.08, 1)},
+            },
+        },
+    }
 
 
 def test_plots_draw_without_error():

@@ -15,9 +15,14 @@ def notebook(tmp_path, *sources):
 
 
 def test_a_write_and_its_appends_are_one_version(tmp_path):
-    path = notebook(tmp_path, "%%writefile work/a.py\nimport os\nx = 1", "print('not a script')",
-                    "%%writefile -a work/a.py\n\n\ndef f():\n    return x", "%%writefile work/a.py\nimport sys\n",
-                    "%%writefile work/b.txt\nb")
+    path = notebook(
+        tmp_path,
+        "%%writefile work/a.py\nimport os\nx = 1",
+        "print('not a script')",
+        "%%writefile -a work/a.py\n\n\ndef f():\n    return x",
+        "%%writefile work/a.py\nimport sys\n",
+        "%%writefile work/b.txt\nb",
+    )
     scripts = written_scripts(path)
     assert scripts["a.py"] == ["import os\nx = 1\n\n\ndef f():\n    return x\n", "import sys\n"]
     assert scripts["b.txt"] == ["b\n"]

@@ -28,8 +28,10 @@ def test_condense_keeps_headings_first_sentences_and_item_leads():
     assert len(short.split()) < 0.75 * len(LONG.split())
 
 
-@pytest.mark.parametrize("text", ["a b c `d e f g h` i j", "a b $x + y = z$ c d e", "a b **c d e f** g",
-                                  "a b [c d e](https://example.org) f g"])
+@pytest.mark.parametrize(
+    "text",
+    ["a b c `d e f g h` i j", "a b $x + y = z$ c d e", "a b **c d e f** g", "a b [c d e](https://example.org) f g"],
+)
 def test_shorten_never_cuts_inside_code_math_bold_or_a_link(text):
     cut = shorten(text, 3).removesuffix(" …")
     assert cut.count("`") % 2 == 0 and cut.count("$") % 2 == 0 and cut.count("**") % 2 == 0
@@ -38,8 +40,10 @@ def test_shorten_never_cuts_inside_code_math_bold_or_a_link(text):
 
 def test_long_cells_get_notes_with_the_whole_text_and_the_notebook_is_unchanged():
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(LONG, metadata={"slideshow": {"slide_type": "slide"}}),
-                nbformat.v4.new_markdown_cell("Short.", metadata={"slideshow": {"slide_type": "-"}})]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(LONG, metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_markdown_cell("Short.", metadata={"slideshow": {"slide_type": "-"}}),
+    ]
     before = nbformat.writes(nb)
     view = slide_view(nb)
     assert nbformat.writes(nb) == before
@@ -50,12 +54,16 @@ def test_long_cells_get_notes_with_the_whole_text_and_the_notebook_is_unchanged(
 
 
 def test_a_cell_that_would_overfill_its_slide_starts_one():
-    tall = nbformat.v4.new_code_cell("\n".join(f"x{i} = {i}" for i in range(30)),
-                                     metadata={"slideshow": {"slide_type": "fragment"}})
+    tall = nbformat.v4.new_code_cell(
+        "\n".join(f"x{i} = {i}" for i in range(30)), metadata={"slideshow": {"slide_type": "fragment"}}
+    )
     tall.outputs = [nbformat.v4.new_output("stream", text="line\n" * 30)]
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("## Title\n\nOne line.", metadata={"slideshow": {"slide_type": "slide"}}),
-                nbformat.v4.new_code_cell("y = 1", metadata={"slideshow": {"slide_type": "fragment"}}), tall]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("## Title\n\nOne line.", metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_code_cell("y = 1", metadata={"slideshow": {"slide_type": "fragment"}}),
+        tall,
+    ]
     kinds = [c.metadata["slideshow"]["slide_type"] for c in slide_view(nb).cells]
     assert kinds == ["slide", "fragment", "subslide"]
 

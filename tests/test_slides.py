@@ -107,9 +107,7 @@ def test_deck_works_offline(decks, notebook):
         page.wait_for_selector(".reveal.ready", timeout=30_000)  # reveal.js initialised
         assert page.locator(".reveal .slides section").count() > 1
         if has_math(notebook):
-            page.wait_for_function(
-                "document.querySelectorAll('.MathJax_CHTML').length > 0", timeout=30_000
-            )
+            page.wait_for_function("document.querySelectorAll('.MathJax_CHTML').length > 0", timeout=30_000)
             raw = page.evaluate("document.querySelector('.reveal .slides').innerText")
             assert not MATH.search(raw), f"untypeset formula left in the deck: {MATH.search(raw)[0]}"
         # Speaker notes, and every slide (all its fragments shown) within the deck's frame, measured

@@ -24,11 +24,18 @@ LABEL = re.compile(r"(?<![\w/#-])M(\d{1,3})(?![\w.-])")
 def student_files() -> list[Path]:
     tracked = subprocess.run(
         ["git", "ls-files", "notebooks", "labs", "solutions", "scripts", "src", "README.md", "MISTAKES.md"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     if not tracked:  # not a git checkout (an unpacked archive): read the folders instead
-        tracked = [str(p.relative_to(ROOT)) for d in ("notebooks", "labs", "solutions", "scripts", "src")
-                   for p in (ROOT / d).rglob("*") if p.is_file()] + ["README.md", "MISTAKES.md"]
+        tracked = [
+            str(p.relative_to(ROOT))
+            for d in ("notebooks", "labs", "solutions", "scripts", "src")
+            for p in (ROOT / d).rglob("*")
+            if p.is_file()
+        ] + ["README.md", "MISTAKES.md"]
     return [ROOT / f for f in tracked if (ROOT / f).suffix in {".ipynb", ".md", ".py", ".sbatch", ".yaml"}]
 
 
@@ -60,7 +67,7 @@ def entries() -> dict[str, str]:
     text = MISTAKES.read_text(encoding="utf-8")
     starts = list(ENTRY.finditer(text))
     return {
-        m.group(1): text[m.start(): starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        m.group(1): text[m.start() : starts[i + 1].start() if i + 1 < len(starts) else len(text)]
         for i, m in enumerate(starts)
     }
 

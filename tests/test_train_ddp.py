@@ -33,9 +33,7 @@ def launch(nproc, *args, timeout=90):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(var, None)
-    return run_bounded_once_more_on_exit_crash(
-        cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env
-    )
+    return run_bounded_once_more_on_exit_crash(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +80,9 @@ def test_bad_argument_from_the_command_line(tmp_path):
     assert result.returncode != 0
     assert result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if "error" in line]
-    assert errors == ["train_ddp.py: error: --epochs, --samples, --global-batch-size and --checkpoint-every "
-                      "must be at least 1"]
+    assert errors == [
+        "train_ddp.py: error: --epochs, --samples, --global-batch-size and --checkpoint-every must be at least 1"
+    ]
     assert result.stderr.splitlines()[-1] == errors[0]
     assert not (tmp_path / "out").exists()
 
@@ -101,17 +100,21 @@ def train_ddp():
     return load_script(SCRIPT)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--epochs", "0"], "must be at least 1"),
-    (["--samples", "-3"], "must be at least 1"),
-    (["--global-batch-size", "0"], "must be at least 1"),
-    (["--lr", "0"], "--lr must be positive"),
-    (["--lr", "nan"], "--lr must be positive"),
-    (["--epochs", "two"], "invalid int value"),
-    (["--global-batch-size", "30", "WORLD_SIZE=4"], "not divisible by the world size 4"),
-    (["OUT_IS_A_FILE"], "exists and is not a folder"),
-    ([], "required: --out"),
-], ids=["epochs", "samples", "batch", "lr0", "lr-nan", "epochs-text", "not-divisible", "out-file", "no-out"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--epochs", "0"], "must be at least 1"),
+        (["--samples", "-3"], "must be at least 1"),
+        (["--global-batch-size", "0"], "must be at least 1"),
+        (["--lr", "0"], "--lr must be positive"),
+        (["--lr", "nan"], "--lr must be positive"),
+        (["--epochs", "two"], "invalid int value"),
+        (["--global-batch-size", "30", "WORLD_SIZE=4"], "not divisible by the world size 4"),
+        (["OUT_IS_A_FILE"], "exists and is not a folder"),
+        ([], "required: --out"),
+    ],
+    ids=["epochs", "samples", "batch", "lr0", "lr-nan", "epochs-text", "not-divisible", "out-file", "no-out"],
+)
 def test_bad_arguments(train_ddp, tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     argv = []

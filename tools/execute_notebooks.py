@@ -43,9 +43,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path)
     args = parser.parse_args()
-    paths = args.notebooks or sorted(
-        [*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")]
-    )
+    paths = args.notebooks or sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")])
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
     for path in paths:
         print(f"{path}: {execute(path):.1f} s", flush=True)

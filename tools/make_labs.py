@@ -1,7 +1,7 @@
 """Generate labs/*.ipynb from solutions/*.ipynb (nbgrader's solution markers).
 
-    python tools/make_labs.py          # write labs/
-    python tools/make_labs.py --check  # exit 1 if labs/ is not what this would write
+python tools/make_labs.py          # write labs/
+python tools/make_labs.py --check  # exit 1 if labs/ is not what this would write
 """
 
 import argparse

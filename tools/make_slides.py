@@ -48,8 +48,17 @@ def install_vendor() -> None:
     VENDOR.mkdir(parents=True, exist_ok=True)
     print(f"installing {' '.join(PACKAGES)} into {VENDOR.relative_to(ROOT)} (once)", flush=True)
     subprocess.run(
-        [npm, "install", "--prefix", str(VENDOR), "--no-save", "--no-audit", "--no-fund",
-         "--loglevel=error", *PACKAGES],
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(VENDOR),
+            "--no-save",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            *PACKAGES,
+        ],
         check=True,
     )
 
@@ -68,8 +77,9 @@ def export(notebook: Path, slides: SlidesExporter) -> Path:
     """The deck of one lecture, made from its slide view (tools/slide_view.py): short slides, the
     full text in the speaker notes."""
     view = slide_view(nbformat.read(notebook, as_version=4))
-    body, _ = slides.from_notebook_node(view, resources={"metadata": {"name": notebook.stem,
-                                                                       "path": str(notebook.parent)}})
+    body, _ = slides.from_notebook_node(
+        view, resources={"metadata": {"name": notebook.stem, "path": str(notebook.parent)}}
+    )
     deck = OUT / f"{notebook.stem}.slides.html"
     deck.write_text(body, encoding="utf-8")
     return deck
@@ -77,8 +87,7 @@ def export(notebook: Path, slides: SlidesExporter) -> Path:
 
 def write_index(decks: list[Path]) -> None:
     items = "\n".join(
-        f'<li><a href="{d.name}">{html.escape(d.name.removesuffix(".slides.html"))}</a></li>'
-        for d in decks
+        f'<li><a href="{d.name}">{html.escape(d.name.removesuffix(".slides.html"))}</a></li>' for d in decks
     )
     (OUT / "index.html").write_text(
         "<!DOCTYPE html><html lang='en'><meta charset='utf-8'><title>Parallel PyTorch slides</title>"

@@ -26,8 +26,13 @@ LIST_ITEM = re.compile(r"^(\s*)([-*]|\d+\.)\s+")
 
 def _balanced(text: str) -> bool:
     """True when no inline math, code, bold or link is left open in ``text``."""
-    return (text.count("$") % 2 == 0 and text.count("`") % 2 == 0 and text.count("**") % 2 == 0
-            and text.count("[") == text.count("]") and text.count("(") == text.count(")"))
+    return (
+        text.count("$") % 2 == 0
+        and text.count("`") % 2 == 0
+        and text.count("**") % 2 == 0
+        and text.count("[") == text.count("]")
+        and text.count("(") == text.count(")")
+    )
 
 
 def shorten(text: str, max_words: int) -> str:
@@ -45,7 +50,7 @@ def shorten(text: str, max_words: int) -> str:
 
 def first_sentence(text: str, max_words: int) -> str:
     for cut in SENTENCE_END.finditer(text):
-        head = text[:cut.start()]
+        head = text[: cut.start()]
         if _balanced(head):
             return shorten(head, max_words)
     return shorten(text, max_words)
@@ -73,7 +78,7 @@ def _list_items(block: list[str]) -> list[tuple[str, str]]:
     for line in block:
         m = LIST_ITEM.match(line)
         if m:
-            items.append([m.group(0), line[m.end():]])
+            items.append([m.group(0), line[m.end() :]])
         elif items:
             items[-1][1] += " " + line.strip()
     return [tuple(i) for i in items]
@@ -91,7 +96,7 @@ def condense(source: str) -> str:
                 out.append("\n".join(block))
         elif first.startswith("|"):
             rows = [r for r in block if r.strip()]
-            kept = rows[:2] + rows[2:2 + TABLE_ROWS]
+            kept = rows[:2] + rows[2 : 2 + TABLE_ROWS]
             trimmed = []
             for r in kept:
                 if set(r.replace("|", "").strip()) <= set("-: "):
@@ -127,8 +132,11 @@ def height(cell) -> float:
         return lines
     outputs = cell.get("outputs", [])
     figure = any("image/png" in o.get("data", {}) for o in outputs)
-    text = sum(len(o.get("text", "").splitlines()) + len(o.get("data", {}).get("text/plain", "").splitlines())
-               for o in outputs if "image/png" not in o.get("data", {}))
+    text = sum(
+        len(o.get("text", "").splitlines()) + len(o.get("data", {}).get("text/plain", "").splitlines())
+        for o in outputs
+        if "image/png" not in o.get("data", {})
+    )
     return 1 + 0.75 * min(len(cell.source.splitlines()), 11) + (9 if figure else 0.75 * min(text, 11))
 
 

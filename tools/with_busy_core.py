@@ -26,8 +26,11 @@ def main() -> int:
     if args.hogs < 1:
         parser.error(f"--hogs must be at least 1, got {args.hogs}")
     hogs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(args.hogs)]
-    print(f"with_busy_core: {args.hogs} busy core(s) (pids {', '.join(str(h.pid) for h in hogs)}) "
-          f"while running: {' '.join(args.command)}", flush=True)
+    print(
+        f"with_busy_core: {args.hogs} busy core(s) (pids {', '.join(str(h.pid) for h in hogs)}) "
+        f"while running: {' '.join(args.command)}",
+        flush=True,
+    )
     try:
         return subprocess.call(args.command)
     except KeyboardInterrupt:

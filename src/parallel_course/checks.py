@@ -37,9 +37,7 @@ def check_close(what: str, got: torch.Tensor, expected: torch.Tensor, atol: floa
     if not isinstance(got, torch.Tensor):
         raise CheckFailed(f"FAIL {what}: expected a tensor, got {_fmt(got)}")
     if got.shape != expected.shape:
-        raise CheckFailed(
-            f"FAIL {what}: expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
-        )
+        raise CheckFailed(f"FAIL {what}: expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}")
     diff = max_abs_diff(got, expected)
     if not diff <= atol:  # also catches NaN
         raise CheckFailed(f"FAIL {what}: max |difference| = {diff:.3g}, tolerance {atol:g}")

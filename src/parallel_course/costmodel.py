@@ -112,9 +112,7 @@ def message_time(nbytes: float, bandwidth: float, latency: float) -> float:
     return latency + nbytes / bandwidth
 
 
-def comm_time(
-    algorithm: str, world_size: int, model_bytes: float, bandwidth: float, latency: float = 0.0
-) -> float:
+def comm_time(algorithm: str, world_size: int, model_bytes: float, bandwidth: float, latency: float = 0.0) -> float:
     """Seconds to average a gradient of ``model_bytes`` over ``world_size`` (α–β model).
 
     - ``"ps"``:   2N·(α + S/β) — N pushes, then N pulls, one after another on the server's link

@@ -157,10 +157,7 @@ def parallel_apply(
         except BaseException as e:  # re-raised in the caller's thread
             errors[i] = e
 
-    threads = [
-        threading.Thread(target=worker, args=(i,), name=f"replica on {devices[i]}")
-        for i in range(len(chunks))
-    ]
+    threads = [threading.Thread(target=worker, args=(i,), name=f"replica on {devices[i]}") for i in range(len(chunks))]
     for t in threads:
         t.start()
     for t in threads:
@@ -304,8 +301,9 @@ def time_phases(
         t8 = clock()
         module.zero_grad(set_to_none=True)
         if rep:
-            for phase, dt in zip((*PHASES, "full batch"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3,
-                                                          t5 - t4, t6 - t5, t8 - t7)):
+            for phase, dt in zip(
+                (*PHASES, "full batch"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t8 - t7)
+            ):
                 samples[phase].append(dt)
     return {phase: statistics.median(ts) for phase, ts in samples.items()}
 

@@ -42,8 +42,7 @@ def run_bounded(cmd: list[str], timeout: float, **kwargs) -> subprocess.Complete
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, **kwargs,
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
     )
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -51,11 +51,7 @@ def describe() -> Machine:
         logical_cores=usable_cores(),
         physical_cores=physical_cores(),
         gpus=gpus,
-        backends={
-            "gloo": dist.is_gloo_available(),
-            "nccl": dist.is_nccl_available(),
-            "mpi": dist.is_mpi_available(),
-        },
+        backends={"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()},
     )
 
 
@@ -158,7 +154,4 @@ def placement(num_gpus: int, world_size: int, backends: dict[str, bool] | None =
         raise ValueError(f"number of GPUs must be >= 0, got {num_gpus}")
     backends = backends or {"gloo": True, "nccl": True}
     backend = pick_backend(num_gpus, backends, world_size)
-    return [
-        f"rank {r}: {'cuda:' + str(r) if backend == 'nccl' else 'cpu'} ({backend})"
-        for r in range(world_size)
-    ]
+    return [f"rank {r}: {'cuda:' + str(r) if backend == 'nccl' else 'cpu'} ({backend})" for r in range(world_size)]

@@ -65,8 +65,7 @@ def precision(name: str) -> Precision:
 def bytes_per_parameter(precision_name: str = "mixed") -> dict[str, int]:
     """Bytes per parameter of the weights, gradients and optimizer states, and their total."""
     p = precision(precision_name)
-    return {"weights": p.weights, "gradients": p.gradients, "optimizer states": p.optimizer,
-            "total": p.total}
+    return {"weights": p.weights, "gradients": p.gradients, "optimizer states": p.optimizer, "total": p.total}
 
 
 def _stage_index(stage: str | int) -> int:
@@ -79,8 +78,9 @@ def _stage_index(stage: str | int) -> int:
     return STAGES.index(stage)
 
 
-def per_rank_breakdown(n_params: float, world_size: int, stage: str | int,
-                       precision_name: str = "mixed") -> dict[str, float]:
+def per_rank_breakdown(
+    n_params: float, world_size: int, stage: str | int, precision_name: str = "mixed"
+) -> dict[str, float]:
     """Bytes of model states on each rank, by part, for a ZeRO stage (0/"DDP" .. 3/"ZeRO-3").
 
     Activations, temporary buffers and fragmentation are not included (the paper's
@@ -99,8 +99,7 @@ def per_rank_breakdown(n_params: float, world_size: int, stage: str | int,
     }
 
 
-def per_rank_bytes(n_params: float, world_size: int, stage: str | int,
-                   precision_name: str = "mixed") -> float:
+def per_rank_bytes(n_params: float, world_size: int, stage: str | int, precision_name: str = "mixed") -> float:
     """Bytes of model states on each rank (the sum of ``per_rank_breakdown``)."""
     return sum(per_rank_breakdown(n_params, world_size, stage, precision_name).values())
 
@@ -110,13 +109,13 @@ def per_rank_table(n_params: float, world_size: int, precision_name: str = "mixe
     return {stage: per_rank_bytes(n_params, world_size, stage, precision_name) for stage in STAGES}
 
 
-def max_params(memory_bytes: float, world_size: int, stage: str | int,
-               precision_name: str = "mixed") -> float:
+def max_params(memory_bytes: float, world_size: int, stage: str | int, precision_name: str = "mixed") -> float:
     """The most parameters whose model states fit in ``memory_bytes`` per rank (nothing else)."""
     return memory_bytes / per_rank_bytes(1, world_size, stage, precision_name)
 
 
 # --- what torch actually allocates -------------------------------------------------------------
+
 
 def tensor_bytes(tensors) -> int:
     """Bytes of the given tensors (each storage counted once)."""
@@ -145,10 +144,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
 def training_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
     """Measured bytes of the parameters, their gradients and the optimizer state."""
     params = [p for p in model.parameters()]
-    out = {
-        "parameters": tensor_bytes(params),
-        "gradients": tensor_bytes(p.grad for p in params if p.grad is not None),
-    }
+    out = {"parameters": tensor_bytes(params), "gradients": tensor_bytes(p.grad for p in params if p.grad is not None)}
     if optimizer is not None:
         out["optimizer state"] = sum(optimizer_state_bytes(optimizer).values())
     return out

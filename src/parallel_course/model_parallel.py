@@ -4,7 +4,7 @@ A pipeline schedule is described twice, from the same data:
 
 - ``stage_orders(kind, n_stages, n_microbatches)``: what each stage does, in order, as a list of
   ``("F", microbatch)`` / ``("B", microbatch)`` per stage. This is what a real executor follows
-  (``scripts/c07_pipeline.py`` runs such orders on one process per stage).
+  (``scripts/c07_pipeline_executor.py`` runs such orders on one process per stage).
 - ``timeline(orders)``: when each operation can run, given that a forward needs the previous
   stage's forward of the same micro-batch and a backward needs the next stage's backward: a list
   of ``Op(stage, slot, microbatch, kind)``. Plots, the explorer widget and the bubble come from it.
@@ -45,6 +45,7 @@ def _check_sizes(n_stages: int, n_microbatches: int) -> None:
 
 
 # --- schedules as data ------------------------------------------------------------------------
+
 
 def gpipe_orders(n_stages: int, n_microbatches: int) -> list[list[tuple[str, int]]]:
     """GPipe (all forward, then all backward): every stage runs F0..F(m-1), then B0..B(m-1)."""
@@ -97,15 +98,14 @@ def validate_orders(orders: Sequence[Sequence[tuple[str, int]]], n_microbatches:
         ops = [(str(kind), int(mb)) for kind, mb in order]
         if sorted(ops) != expected:
             raise ValueError(
-                f"stage {stage} must run F and B of micro-batches 0..{n_microbatches - 1} once each, "
-                f"got {ops}")
+                f"stage {stage} must run F and B of micro-batches 0..{n_microbatches - 1} once each, got {ops}"
+            )
         for i in range(n_microbatches):
             if ops.index(("B", i)) < ops.index(("F", i)):
                 raise ValueError(f"stage {stage} runs B{i} before F{i}")
 
 
-def timeline(orders: Sequence[Sequence[tuple[str, int]]], t_forward: float = 1,
-             t_backward: float = 1) -> list[Op]:
+def timeline(orders: Sequence[Sequence[tuple[str, int]]], t_forward: float = 1, t_backward: float = 1) -> list[Op]:
     """When each operation runs if every stage follows its order as early as it can.
 
     A forward of micro-batch i on stage s waits for the forward of i on stage s - 1; a backward
@@ -143,8 +143,7 @@ def timeline(orders: Sequence[Sequence[tuple[str, int]]], t_forward: float = 1,
     return sorted(ops, key=lambda op: (op.stage, op.slot))
 
 
-def schedule(kind: str, n_stages: int, n_microbatches: int, t_forward: float = 1,
-             t_backward: float = 1) -> list[Op]:
+def schedule(kind: str, n_stages: int, n_microbatches: int, t_forward: float = 1, t_backward: float = 1) -> list[Op]:
     """The timeline of schedule ``kind``: a list of ``Op(stage, slot, microbatch, kind)``."""
     return timeline(stage_orders(kind, n_stages, n_microbatches), t_forward, t_backward)
 
@@ -175,9 +174,7 @@ def format_grid(ops: Sequence[Op]) -> str:
     """The grid as text: one line per stage, ``.`` for an idle slot."""
     cells = grid(ops)
     width = max(len(c) for row in cells for c in row)
-    return "\n".join(
-        f"stage {s}: " + " ".join((c or ".").rjust(width) for c in row) for s, row in enumerate(cells)
-    )
+    return "\n".join(f"stage {s}: " + " ".join((c or ".").rjust(width) for c in row) for s, row in enumerate(cells))
 
 
 def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
@@ -209,6 +206,7 @@ def measured_idle_fraction(busy: Sequence[Sequence[Sequence]]) -> float:
 
 # --- naive model parallelism: submodules on devices -------------------------------------------
 
+
 def stage_devices(n_stages: int) -> list[torch.device]:
     """``cuda:0 .. cuda:n-1`` when there are that many GPUs, else the CPU for every stage.
 
@@ -237,8 +235,7 @@ def split_sequential(model: nn.Sequential, n_stages: int) -> list[nn.Sequential]
         running += size
         # cut after this layer when it passes the next equal share (and leave a layer for the rest)
         left, needed = len(children) - index - 1, n_stages - 1 - len(cuts)
-        if needed and (running >= total * (len(cuts) + 1) / n_stages and sizes[index + 1] > 0
-                       or left == needed):
+        if needed and (running >= total * (len(cuts) + 1) / n_stages and sizes[index + 1] > 0 or left == needed):
             cuts.append(index + 1)
     while len(cuts) < n_stages - 1:  # parameter-free tails: cut as late as possible
         cuts.append(len(children) - (n_stages - 1 - len(cuts)))

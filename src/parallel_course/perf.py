@@ -168,8 +168,16 @@ def threads_that_computed(fn, share: float = 0.25) -> int | None:
     return sum(u >= share * busiest for u in used) if busiest else 0
 
 
-_CASTS_AND_VIEWS = {"ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0",
-                    "ViewBackward0", "UnsafeViewBackward0", "ExpandBackward0", "AliasBackward0"}
+_CASTS_AND_VIEWS = {
+    "ToCopyBackward0",
+    "TBackward0",
+    "TransposeBackward0",
+    "PermuteBackward0",
+    "ViewBackward0",
+    "UnsafeViewBackward0",
+    "ExpandBackward0",
+    "AliasBackward0",
+}
 SAVED_KINDS = ("activations", "copies of parameters", "parameters and inputs")
 
 
@@ -292,14 +300,18 @@ def trace_steps(trace: dict, step_name: str = "train_step", backward_name: str =
         b0, b1 = bwd[0]
         # loss.backward() under DDP returns only after waiting for every bucket: its span always
         # contains the communication. The *computation* is autograd's functions in that span.
-        autograd = [span(e) for e in events
-                    if e["name"].startswith("autograd::engine::evaluate_function") and b0 <= float(e["ts"]) <= b1]
+        autograd = [
+            span(e)
+            for e in events
+            if e["name"].startswith("autograd::engine::evaluate_function") and b0 <= float(e["ts"]) <= b1
+        ]
         if autograd:
             b0, b1 = min(a for a, _ in autograd), max(b for _, b in autograd)
         if gpu:
             ids = {e.get("args", {}).get("correlation") for e in launches if b0 <= float(e["ts"]) <= b1}
-            compute = [span(e) for e in kernels
-                       if not _is_comm_kernel(e) and e.get("args", {}).get("correlation") in ids]
+            compute = [
+                span(e) for e in kernels if not _is_comm_kernel(e) and e.get("args", {}).get("correlation") in ids
+            ]
             if compute:
                 b0, b1 = min(a for a, _ in compute), max(b for _, b in compute)
         windows.append((b0, b1))
@@ -307,14 +319,16 @@ def trace_steps(trace: dict, step_name: str = "train_step", backward_name: str =
     for k, (b0, b1) in enumerate(windows):
         until = windows[k + 1][0] if k + 1 < len(windows) else float("inf")
         in_step = sorted(c for c in comm if b0 <= c[0] < until)  # started during or after this backward
-        result.append({
-            "allreduces": len(in_step),
-            "backward": (b0, b1),
-            "comm_us": union_length(in_step),
-            "hidden_us": union_length(clip(in_step, b0, b1)),
-            "starts_before_backward_ends": bool(in_step) and in_step[0][0] < b1,
-            "allreduce_spans": in_step,
-        })
+        result.append(
+            {
+                "allreduces": len(in_step),
+                "backward": (b0, b1),
+                "comm_us": union_length(in_step),
+                "hidden_us": union_length(clip(in_step, b0, b1)),
+                "starts_before_backward_ends": bool(in_step) and in_step[0][0] < b1,
+                "allreduce_spans": in_step,
+            }
+        )
     return result
 
 
@@ -336,8 +350,13 @@ def plot_bandwidth(report: dict, ax=None):
         if n > 1 and len(sizes) >= 2:
             fit = fit_alpha_beta(sizes, [r["time_s"] for r in data["sizes"]], n)
             fine = [sizes[0] * (sizes[-1] / sizes[0]) ** (k / 100) for k in range(101)]
-            ax.plot(fine, [busbw(s, fit.predict_s(s), n) / 1e9 for s in fine], "-", color=f"C{i}",
-                    label=f"α–β fit: α = {fit.alpha_s * 1e6:.0f} µs, β = {fit.beta_bytes_per_s / 1e9:.2f} GB/s")
+            ax.plot(
+                fine,
+                [busbw(s, fit.predict_s(s), n) / 1e9 for s in fine],
+                "-",
+                color=f"C{i}",
+                label=f"α–β fit: α = {fit.alpha_s * 1e6:.0f} µs, β = {fit.beta_bytes_per_s / 1e9:.2f} GB/s",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
@@ -394,20 +413,25 @@ def plot_scaling(report: dict):
         if n < 2:
             continue
         scale = 1 / r["step_s"]  # as a share of the measured step
-        ax.barh(y + 0.25, r["compute_s"] * scale, height=0.4, color="C0",
-                label="compute (no_sync)" if y == 0 else None)
-        ax.barh(y + 0.25, r["comm_s"] * scale, left=r["compute_s"] * scale, height=0.4, color="C3",
-                label="all-reduce alone" if y == 0 else None)
+        ax.barh(y + 0.25, r["compute_s"] * scale, height=0.4, color="C0", label="compute (no_sync)" if y == 0 else None)
+        ax.barh(
+            y + 0.25,
+            r["comm_s"] * scale,
+            left=r["compute_s"] * scale,
+            height=0.4,
+            color="C3",
+            label="all-reduce alone" if y == 0 else None,
+        )
         ax.barh(y - 0.25, 1, height=0.4, color="gray", label="DDP step (measured)" if y == 0 else None)
-        labels.append(f"{model}, N={n}\noverlap {r['overlap']:.2f}"
-                      + (" (< 0: slower together)" if r["overlap"] < 0 else ""))
+        labels.append(
+            f"{model}, N={n}\noverlap {r['overlap']:.2f}" + (" (< 0: slower together)" if r["overlap"] < 0 else "")
+        )
         y += 1
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xlabel("time relative to the DDP step (= 1)")
     ax.set_title("compute + communication vs the step")
     ax.legend(fontsize=7, loc="lower right")
     threads = report.get("threads_per_process")
-    fig.suptitle(f"{report['backend']} on {report['device']}"
-                 + (f", {threads} thread per process" if threads else ""))
+    fig.suptitle(f"{report['backend']} on {report['device']}" + (f", {threads} thread per process" if threads else ""))
     fig.tight_layout()
     return fig

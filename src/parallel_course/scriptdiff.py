@@ -25,7 +25,7 @@ def written_scripts(notebook: str | Path) -> dict[str, list[str]]:
         if not m:
             continue
         append, name = m.group(1), Path(m.group(2)).name
-        body = cell.source[m.end():].rstrip("\n") + "\n"
+        body = cell.source[m.end() :].rstrip("\n") + "\n"
         if not append:
             versions.setdefault(name, []).append(body)
         elif name in versions:
@@ -54,14 +54,19 @@ def changed_lines(before: str, after: str) -> list[str]:
 
     def body(text):  # from the first import on: the module docstring says which step it is
         lines = text.splitlines()
-        return lines[next((i for i, line in enumerate(lines) if line.startswith(("import ", "from "))), 0):]
+        return lines[next((i for i, line in enumerate(lines) if line.startswith(("import ", "from "))), 0) :]
 
     diff = list(difflib.unified_diff(body(before), body(after), n=0, lineterm=""))
     removed = {code_of(line[1:]) for line in diff if line.startswith("-") and not line.startswith("---")}
-    return [line[1:] for line in diff
-            if line.startswith("+") and not line.startswith("+++")
-            and code_of(line[1:]).strip() and not line[1:].strip().startswith(('"""', "#"))
-            and code_of(line[1:]) not in removed]
+    return [
+        line[1:]
+        for line in diff
+        if line.startswith("+")
+        and not line.startswith("+++")
+        and code_of(line[1:]).strip()
+        and not line[1:].strip().startswith(('"""', "#"))
+        and code_of(line[1:]) not in removed
+    ]
 
 
 def _text(source: str | Path) -> str:

@@ -11,5 +11,10 @@ from .placement import placement_explorer
 from .ring import ring_allreduce_explorer
 from .zero import zero_calculator
 
-__all__ = ["cost_model_explorer", "pipeline_explorer", "placement_explorer", "ring_allreduce_explorer",
-           "zero_calculator"]
+__all__ = [
+    "cost_model_explorer",
+    "pipeline_explorer",
+    "placement_explorer",
+    "ring_allreduce_explorer",
+    "zero_calculator",
+]

@@ -33,35 +33,67 @@ class CostModelExplorer(Explorer):
         style = {"description_width": "190px"}
         layout = widgets.Layout(width="520px")
         common = dict(style=style, layout=layout, continuous_update=False)
-        super().__init__({
-            "world_size": widgets.IntSlider(
-                value=world_size, min=1, max=self.N_MAX, description="workers N", **common
-            ),
-            "compute_ms": widgets.FloatLogSlider(
-                value=compute_ms, base=10, min=0, max=4, step=0.05,
-                description="compute per step (ms)", readout_format=".3g", **common,
-            ),
-            "model_mb": widgets.FloatLogSlider(
-                value=model_mb, base=10, min=0, max=4, step=0.05,
-                description="gradient size S (MB)", readout_format=".3g", **common,
-            ),
-            "bandwidth_gbit": widgets.FloatLogSlider(
-                value=bandwidth_gbit, base=10, min=0, max=3.5, step=0.05,
-                description="link bandwidth (Gbit/s)", readout_format=".3g", **common,
-            ),
-            "latency_us": widgets.FloatSlider(
-                value=latency_us, min=0, max=1000, step=5,
-                description="latency per message (µs)", readout_format=".0f", **common,
-            ),
-            "overlap": widgets.FloatSlider(
-                value=overlap, min=0, max=1, step=0.05,
-                description="overlap with compute", readout_format=".2f", **common,
-            ),
-            "algorithm": widgets.ToggleButtons(
-                value=algorithm, options=[("ring all-reduce", "ring"), ("parameter server", "ps")],
-                description="algorithm", style=style,
-            ),
-        })
+        super().__init__(
+            {
+                "world_size": widgets.IntSlider(
+                    value=world_size, min=1, max=self.N_MAX, description="workers N", **common
+                ),
+                "compute_ms": widgets.FloatLogSlider(
+                    value=compute_ms,
+                    base=10,
+                    min=0,
+                    max=4,
+                    step=0.05,
+                    description="compute per step (ms)",
+                    readout_format=".3g",
+                    **common,
+                ),
+                "model_mb": widgets.FloatLogSlider(
+                    value=model_mb,
+                    base=10,
+                    min=0,
+                    max=4,
+                    step=0.05,
+                    description="gradient size S (MB)",
+                    readout_format=".3g",
+                    **common,
+                ),
+                "bandwidth_gbit": widgets.FloatLogSlider(
+                    value=bandwidth_gbit,
+                    base=10,
+                    min=0,
+                    max=3.5,
+                    step=0.05,
+                    description="link bandwidth (Gbit/s)",
+                    readout_format=".3g",
+                    **common,
+                ),
+                "latency_us": widgets.FloatSlider(
+                    value=latency_us,
+                    min=0,
+                    max=1000,
+                    step=5,
+                    description="latency per message (µs)",
+                    readout_format=".0f",
+                    **common,
+                ),
+                "overlap": widgets.FloatSlider(
+                    value=overlap,
+                    min=0,
+                    max=1,
+                    step=0.05,
+                    description="overlap with compute",
+                    readout_format=".2f",
+                    **common,
+                ),
+                "algorithm": widgets.ToggleButtons(
+                    value=algorithm,
+                    options=[("ring all-reduce", "ring"), ("parameter server", "ps")],
+                    description="algorithm",
+                    style=style,
+                ),
+            }
+        )
 
     # --- the model, in the units costmodel wants -------------------------------------------
 
@@ -110,8 +142,9 @@ class CostModelExplorer(Explorer):
         for algorithm, label in [("ring", "ring all-reduce"), ("ps", "parameter server")]:
             curve = costmodel.scaling(ns, **{**config, "algorithm": algorithm})
             chosen = algorithm == config["algorithm"]
-            ax.plot(ns, [p.speedup for p in curve], label=label,
-                    linewidth=2 if chosen else 1, alpha=1 if chosen else 0.5)
+            ax.plot(
+                ns, [p.speedup for p in curve], label=label, linewidth=2 if chosen else 1, alpha=1 if chosen else 0.5
+            )
         p = self.prediction()
         ax.plot([p.world_size], [p.speedup], "o", color="black")
         ax.set_xlabel("workers N")

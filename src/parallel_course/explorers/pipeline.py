@@ -21,28 +21,50 @@ def draw_timeline(ax, ops: Sequence[pipe.Op], title: str = "", labels: bool = Tr
     """Draw a timeline (stage rows, time columns; forward blue, backward orange) on ``ax``."""
     n_stages = max(op.stage for op in ops) + 1
     for op in ops:
-        ax.broken_barh([(op.slot, op.duration)], (op.stage - 0.4, 0.8),
-                       facecolors=COLORS[op.kind], edgecolor="white", linewidth=0.8)
+        ax.broken_barh(
+            [(op.slot, op.duration)],
+            (op.stage - 0.4, 0.8),
+            facecolors=COLORS[op.kind],
+            edgecolor="white",
+            linewidth=0.8,
+        )
         if labels:
-            ax.text(op.slot + op.duration / 2, op.stage, f"{op.kind}{op.microbatch}", ha="center",
-                    va="center", color="white", fontsize=7)
+            ax.text(
+                op.slot + op.duration / 2,
+                op.stage,
+                f"{op.kind}{op.microbatch}",
+                ha="center",
+                va="center",
+                color="white",
+                fontsize=7,
+            )
     ax.set_yticks(range(n_stages), [f"stage {s}" for s in range(n_stages)])
     ax.set_ylim(n_stages - 0.5, -0.5)
     ax.set_xlim(min(op.slot for op in ops), max(op.slot + op.duration for op in ops))
     ax.set_xlabel(unit)
     ax.set_title(title, fontsize=10, loc="left")
-    ax.legend(handles=[Patch(color=COLORS["F"], label="forward"), Patch(color=COLORS["B"], label="backward")],
-              fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False)
+    ax.legend(
+        handles=[Patch(color=COLORS["F"], label="forward"), Patch(color=COLORS["B"], label="backward")],
+        fontsize=7,
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=2,
+        frameon=False,
+    )
 
 
 def summary(n_stages: int, n_microbatches: int) -> str:
     """Bubble and peak activations of both schedules, as plain lines."""
-    lines = [f"p = {n_stages} stages, m = {n_microbatches} micro-batches",
-             f"bubble (p-1)/(m+p-1) = {pipe.bubble_fraction(n_stages, n_microbatches):.1%}"]
+    lines = [
+        f"p = {n_stages} stages, m = {n_microbatches} micro-batches",
+        f"bubble (p-1)/(m+p-1) = {pipe.bubble_fraction(n_stages, n_microbatches):.1%}",
+    ]
     for kind in pipe.KINDS:
         ops = pipe.schedule(kind, n_stages, n_microbatches)
-        lines.append(f"{NAMES[kind]:>5}: {pipe.makespan(ops):.0f} slots, idle {pipe.idle_fraction(ops):.1%}, "
-                     f"micro-batches held per stage {pipe.peak_activations(kind, n_stages, n_microbatches)}")
+        lines.append(
+            f"{NAMES[kind]:>5}: {pipe.makespan(ops):.0f} slots, idle {pipe.idle_fraction(ops):.1%}, "
+            f"micro-batches held per stage {pipe.peak_activations(kind, n_stages, n_microbatches)}"
+        )
     return "\n".join(lines)
 
 
@@ -52,13 +74,17 @@ class PipelineExplorer(Explorer):
     draws = True
 
     def __init__(self, n_stages: int = 4, n_microbatches: int = 8):
-        common = dict(continuous_update=False, style={"description_width": "120px"},
-                      layout=widgets.Layout(width="420px"))
-        super().__init__({
-            "n_stages": widgets.IntSlider(value=n_stages, min=1, max=8, description="stages p", **common),
-            "n_microbatches": widgets.IntSlider(value=n_microbatches, min=1, max=16,
-                                                description="micro-batches m", **common),
-        })
+        common = dict(
+            continuous_update=False, style={"description_width": "120px"}, layout=widgets.Layout(width="420px")
+        )
+        super().__init__(
+            {
+                "n_stages": widgets.IntSlider(value=n_stages, min=1, max=8, description="stages p", **common),
+                "n_microbatches": widgets.IntSlider(
+                    value=n_microbatches, min=1, max=16, description="micro-batches m", **common
+                ),
+            }
+        )
 
     def summary(self) -> str:
         return summary(**self.values)
@@ -70,8 +96,13 @@ class PipelineExplorer(Explorer):
         axes = fig.subplots(2, 1, sharex=True)
         for ax, kind in zip(axes, pipe.KINDS):
             ops = pipe.schedule(kind, p, m)
-            draw_timeline(ax, ops, f"{NAMES[kind]}: idle {pipe.idle_fraction(ops):.0%}, "
-                          f"held per stage {pipe.peak_activations(kind, p, m)}", labels=m <= 12)
+            draw_timeline(
+                ax,
+                ops,
+                f"{NAMES[kind]}: idle {pipe.idle_fraction(ops):.0%}, "
+                f"held per stage {pipe.peak_activations(kind, p, m)}",
+                labels=m <= 12,
+            )
         fig.tight_layout()
         return fig
 

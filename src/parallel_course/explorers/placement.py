@@ -13,10 +13,12 @@ class PlacementExplorer(Explorer):
 
     def __init__(self, num_gpus: int = 0, world_size: int = 2):
         common = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="420px"))
-        super().__init__({
-            "num_gpus": widgets.IntSlider(value=num_gpus, min=0, max=8, description="GPUs on the node", **common),
-            "world_size": widgets.IntSlider(value=world_size, min=1, max=8, description="processes", **common),
-        })
+        super().__init__(
+            {
+                "num_gpus": widgets.IntSlider(value=num_gpus, min=0, max=8, description="GPUs on the node", **common),
+                "world_size": widgets.IntSlider(value=world_size, min=1, max=8, description="processes", **common),
+            }
+        )
 
     def summary(self) -> str:
         return "\n".join(machine.placement(**self.values))

@@ -38,8 +38,9 @@ def render(trace: collectives.Trace, k: int) -> str:
             label = "+".join(str(i) for i in sorted(cell))
             cells.append(f'<td style="{style}">{escape(label)}</td>')
         rows.append(f"<tr><th>rank {r}</th>{''.join(cells)}</tr>")
-    grid = (f'<table style="border-collapse:collapse;font-family:monospace"><tr><th></th>{head}</tr>'
-            f'{"".join(rows)}</table>')
+    grid = (
+        f'<table style="border-collapse:collapse;font-family:monospace"><tr><th></th>{head}</tr>{"".join(rows)}</table>'
+    )
 
     if k == 0:
         what = "start: every rank holds only its own tensor"
@@ -66,14 +67,18 @@ class RingExplorer(Explorer):
     """Sliders for the world size N and the step; the ring's state after that step."""
 
     def __init__(self, world_size: int = 4, step: int = 0, naive: bool = False):
-        super().__init__({
-            "naive": widgets.ToggleButtons(
-                options=[("ring: reduce-scatter + all-gather", False), ("naive: pass whole tensors", True)],
-                value=naive),
-            "world_size": widgets.IntSlider(value=world_size, min=2, max=8, description="ranks N",
-                                            continuous_update=False),
-            "step": widgets.IntSlider(value=step, min=0, max=2 * (world_size - 1), description="step"),
-        })
+        super().__init__(
+            {
+                "naive": widgets.ToggleButtons(
+                    options=[("ring: reduce-scatter + all-gather", False), ("naive: pass whole tensors", True)],
+                    value=naive,
+                ),
+                "world_size": widgets.IntSlider(
+                    value=world_size, min=2, max=8, description="ranks N", continuous_update=False
+                ),
+                "step": widgets.IntSlider(value=step, min=0, max=2 * (world_size - 1), description="step"),
+            }
+        )
 
     def trace(self) -> collectives.Trace:
         tensors = [torch.zeros(NUMEL) for _ in range(self.values["world_size"])]

@@ -13,8 +13,7 @@ RANKS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 PART_COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer states": "#55a868"}
 
 
-def summary(params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
-            gpu_gb: float = 80.0) -> str:
+def summary(params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed", gpu_gb: float = 80.0) -> str:
     """Model-state memory per rank for every stage, as aligned lines (GB = 10^9 bytes)."""
     n_params = params_billion * 1e9
     p = memory.precision(precision)
@@ -28,15 +27,15 @@ def summary(params_billion: float = 7.5, world_size: int = 64, precision: str = 
         total = sum(parts.values())
         fits = "yes" if total <= gpu_gb * memory.GB else "no"
         lines.append(
-            f"  {stage:8} " + " ".join(f"{v / memory.GB:9.2f}" for v in parts.values())
+            f"  {stage:8} "
+            + " ".join(f"{v / memory.GB:9.2f}" for v in parts.values())
             + f" {total / memory.GB:7.2f} GB   {fits}"
         )
     lines.append("  (model states only: activations, buffers and fragmentation come on top)")
     return "\n".join(lines)
 
 
-def draw(params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
-         gpu_gb: float = 80.0) -> Figure:
+def draw(params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed", gpu_gb: float = 80.0) -> Figure:
     """Left: per-rank memory by part at this N. Right: per-rank memory against N, every stage."""
     n_params = params_billion * 1e9
     fig = Figure(figsize=(10, 3.6), dpi=80)
@@ -49,16 +48,21 @@ def draw(params_billion: float = 7.5, world_size: int = 64, precision: str = "mi
         left.bar(memory.STAGES, heights, bottom=bottoms, color=color, label=part)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for i, total in enumerate(bottoms):
-        left.annotate(f"{total:.0f}" if total >= 100 else f"{total:.3g}", (i, total),
-                      ha="center", va="bottom", fontsize=8)
+        left.annotate(
+            f"{total:.0f}" if total >= 100 else f"{total:.3g}", (i, total), ha="center", va="bottom", fontsize=8
+        )
     left.axhline(gpu_gb, color="black", linestyle="--", linewidth=1, label=f"{gpu_gb:g} GB device")
     left.set_ylabel("GB per rank (model states)")
     left.set_title(f"{params_billion:g} B parameters, N = {world_size}, {precision}", fontsize=10)
     left.legend(fontsize=8)
 
     for stage in memory.STAGES:
-        right.plot(RANKS, [memory.per_rank_bytes(n_params, n, stage, precision) / memory.GB
-                           for n in RANKS], marker=".", label=stage)
+        right.plot(
+            RANKS,
+            [memory.per_rank_bytes(n_params, n, stage, precision) / memory.GB for n in RANKS],
+            marker=".",
+            label=stage,
+        )
     right.axhline(gpu_gb, color="black", linestyle="--", linewidth=1)
     right.axvline(world_size, color="0.6", linestyle=":", linewidth=1)
     right.set_xscale("log", base=2)
@@ -78,23 +82,41 @@ class ZeroCalculator(Explorer):
 
     draws = True
 
-    def __init__(self, params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
-                 gpu_gb: float = 80.0):
+    def __init__(
+        self, params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed", gpu_gb: float = 80.0
+    ):
         style = {"description_width": "160px"}
         common = dict(style=style, layout=widgets.Layout(width="480px"), continuous_update=False)
-        super().__init__({
-            "params_billion": widgets.FloatLogSlider(
-                value=params_billion, base=10, min=-1, max=3, step=0.05,
-                description="parameters (billions)", readout_format=".3g", **common),
-            "world_size": widgets.SelectionSlider(
-                options=RANKS, value=world_size, description="ranks N", **common),
-            "precision": widgets.ToggleButtons(
-                options=[("mixed (2+2+12)", "mixed"), ("fp32 (4+4+8)", "fp32")], value=precision,
-                description="precision", style=style),
-            "gpu_gb": widgets.FloatSlider(
-                value=gpu_gb, min=8, max=192, step=8, description="device memory (GB)",
-                readout_format=".0f", **common),
-        })
+        super().__init__(
+            {
+                "params_billion": widgets.FloatLogSlider(
+                    value=params_billion,
+                    base=10,
+                    min=-1,
+                    max=3,
+                    step=0.05,
+                    description="parameters (billions)",
+                    readout_format=".3g",
+                    **common,
+                ),
+                "world_size": widgets.SelectionSlider(options=RANKS, value=world_size, description="ranks N", **common),
+                "precision": widgets.ToggleButtons(
+                    options=[("mixed (2+2+12)", "mixed"), ("fp32 (4+4+8)", "fp32")],
+                    value=precision,
+                    description="precision",
+                    style=style,
+                ),
+                "gpu_gb": widgets.FloatSlider(
+                    value=gpu_gb,
+                    min=8,
+                    max=192,
+                    step=8,
+                    description="device memory (GB)",
+                    readout_format=".0f",
+                    **common,
+                ),
+            }
+        )
 
     def summary(self) -> str:
         return summary(**self.values)
@@ -104,11 +126,14 @@ class ZeroCalculator(Explorer):
 
     def __repr__(self) -> str:
         kw = self.values
-        return (f"ZeroCalculator(params_billion={kw['params_billion']:g}, world_size={kw['world_size']}, "
-                f"precision={kw['precision']!r}, gpu_gb={kw['gpu_gb']:g})")
+        return (
+            f"ZeroCalculator(params_billion={kw['params_billion']:g}, world_size={kw['world_size']}, "
+            f"precision={kw['precision']!r}, gpu_gb={kw['gpu_gb']:g})"
+        )
 
 
-def zero_calculator(params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed",
-                    gpu_gb: float = 80.0) -> ZeroCalculator:
+def zero_calculator(
+    params_billion: float = 7.5, world_size: int = 64, precision: str = "mixed", gpu_gb: float = 80.0
+) -> ZeroCalculator:
     """Sliders for the parameter count, N, precision and device memory; a figure and a table."""
     return ZeroCalculator(params_billion, world_size, precision, gpu_gb)

@@ -1,6 +1,6 @@
 """ZeRO-1 with ZeroRedundancyOptimizer: DDP + Adam against DDP + sharded Adam.
 
-    torchrun --standalone --nproc_per_node=2 c08_zero.py [--steps 5]
+    torchrun --standalone --nproc_per_node=2 c08_zero1_optimizer.py [--steps 5]
 
 Both runs start from the same weights and see the same data. Prints, gathered to rank 0:
 parameters held per rank (DDP keeps a full replica: M1), optimizer-state bytes per rank

@@ -1,6 +1,6 @@
 """Chapter 06c: DDP with mixed precision, then a profiler trace of DDP steps.
 
-    torchrun --standalone --nproc_per_node=2 c06_amp_profile.py [--out DIR]
+    torchrun --standalone --nproc_per_node=2 c06_amp_and_profiler.py [--out DIR]
 
 1. DDP + AMP: torch.autocast (bfloat16 on CPU; float16 with a GradScaler on CUDA), unscale_
    before clipping (M17); checks that the loss falls and that the replicas stay identical.

@@ -1,9 +1,9 @@
 """Chapter 09: bugs that hang or break a job, and the tools that make them readable.
 
-    torchrun --standalone --nproc_per_node=2 c09_debug.py stuck
-    torchrun --standalone --nproc_per_node=2 c09_debug.py mismatch
-    TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node=2 c09_debug.py mismatch
-    torchrun --standalone --nproc_per_node=2 --max-restarts=1 c09_debug.py stale-store
+    torchrun --standalone --nproc_per_node=2 c09_failures.py stuck
+    torchrun --standalone --nproc_per_node=2 c09_failures.py mismatch
+    TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node=2 c09_failures.py mismatch
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 c09_failures.py stale-store
 
 stuck:       rank 1 is stuck in load_batch(); faulthandler writes where, and rank 0's
              monitored_barrier (on a gloo group, whatever the backend) names the rank that did not arrive.
@@ -73,7 +73,7 @@ def stuck(rank, backend, out_dir):
 def stale_store(rank, backend):
     """Attempt 0 joins the plain way and crashes; attempt 1 looks into torchrun's store first."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        sys.exit("c09_debug.py: error: stale-store needs torchrun (--standalone or c10d) with --max-restarts=1")
+        sys.exit("c09_failures.py: error: stale-store needs torchrun (--standalone or c10d) with --max-restarts=1")
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False, timeout=TIMEOUT)  # the store torchrun's agent hosts

@@ -1,8 +1,8 @@
 """FSDP2 beyond sharding: a mixed precision policy, a sharded checkpoint, CPU offload.
 
-    torchrun --standalone --nproc_per_node=2 c08_fsdp_extras.py [--out DIR]
+    torchrun --standalone --nproc_per_node=2 c08_fsdp_options.py [--out DIR]
 
-Uses the model and helpers of c08_zero.py (keep the two files side by side). Writes the
+Uses the model and helpers of c08_zero1_optimizer.py (keep the two files side by side). Writes the
 sharded checkpoint to DIR/c08_checkpoint/ and, from rank 0, the full weights to
 DIR/c08_full_weights.pt (default DIR: work).
 """
@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from c08_zero import make_model, per_rank, print0, setup, train  # c08_zero.py: beside this file
+from c08_zero1_optimizer import make_model, per_rank, print0, setup, train  # c08_zero1_optimizer.py: beside this file
 
 
 def shard(model, mesh, **options):

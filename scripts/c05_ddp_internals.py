@@ -1,6 +1,6 @@
 """Inside DDP, part 1: what DistributedDataParallel does at construction and in backward().
 
-    torchrun --standalone --nproc_per_node=2 c05_inside.py [--out DIR]
+    torchrun --standalone --nproc_per_node=2 c05_ddp_internals.py [--out DIR]
 
 1. M1/M3: every rank holds a full replica; DDP(...) broadcasts rank 0's parameters.
 2. M2: gradients are averaged during backward(), not in optimizer.step().

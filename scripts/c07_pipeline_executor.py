@@ -1,13 +1,13 @@
 """A pipeline executor: one process per stage, activations and gradients sent with send/recv.
 
-    torchrun --standalone --nproc_per_node=2 c07_pipeline.py [--microbatches 4] [--repeats 3]
-    torchrun --standalone --nproc_per_node=2 c07_pipeline.py --orders orders.json
+    torchrun --standalone --nproc_per_node=2 c07_pipeline_executor.py [--microbatches 4] [--repeats 3]
+    torchrun --standalone --nproc_per_node=2 c07_pipeline_executor.py --orders orders.json
 
 Each process holds one stage (a slice of the same 8-layer MLP) and follows its list of
 operations, ("F", i) = forward of micro-batch i, ("B", i) = its backward, in order. It runs
 naive model parallelism (the whole batch as one micro-batch), GPipe and 1F1B (or the orders in
 a JSON file: {"orders": [[["F", 0], ...], ...]}, one list per stage), checks the gradients
-against the unsplit model, and writes each stage's busy intervals to DIR/c07_pipeline.json.
+against the unsplit model, and writes each stage's busy intervals to DIR/c07_pipeline_executor.json.
 """
 import argparse
 import json
@@ -163,7 +163,7 @@ def main():
     parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per schedule (default 2)")
     parser.add_argument("--orders", help="JSON file with one list of operations per stage")
-    parser.add_argument("--out", default="work", help="folder for c07_pipeline.json (default: work)")
+    parser.add_argument("--out", default="work", help="folder for c07_pipeline_executor.json (default: work)")
     args = parser.parse_args()
     if args.microbatches < 1 or args.repeats < 1 or BATCH % args.microbatches:
         parser.error(f"--microbatches must divide {BATCH} and --repeats be >= 1")
@@ -221,7 +221,7 @@ def main():
         print0(f"       gradients equal the unsplit model's: {worst <= 1e-5} (max |difference| <= 1e-05)")
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "c07_pipeline.json").write_text(json.dumps(results))
+        (Path(args.out) / "c07_pipeline_executor.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
 

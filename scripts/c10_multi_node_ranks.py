@@ -1,6 +1,7 @@
 """Chapter 10: who is who in a multi-node job, and which device each process must use.
 
-    torchrun --nnodes=2 --nproc_per_node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT --rdzv-id=JOB c10_whoami.py
+    torchrun --nnodes=2 --nproc_per_node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT --rdzv-id=JOB \\
+        c10_multi_node_ranks.py
 
 Run the same command on every node. Rank 0 prints one table for the whole job. With
 --wait-for-world-size N, a smaller group waits for more nodes to join an elastic job
@@ -40,7 +41,7 @@ def main():
                              "waiting for more nodes\n")
             sys.stdout.flush()
         time.sleep(args.wait_seconds)  # torchrun stops this group when a node joins
-        sys.exit(f"c10_whoami.py: error: no node joined within {args.wait_seconds:g} s")
+        sys.exit(f"c10_multi_node_ranks.py: error: no node joined within {args.wait_seconds:g} s")
     row = {
         "RANK": rank,
         "GROUP_RANK (node)": int(os.environ["GROUP_RANK"]),

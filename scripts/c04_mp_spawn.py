@@ -1,9 +1,6 @@
-"""Launch train_ddp.py with mp.spawn instead of torchrun (the way many tutorials launch).
+"""train_ddp.py launched with mp.spawn, not torchrun: python c04_mp_spawn.py --out work/spawn.
 
-    python c04_spawn.py --global-batch-size 64 --out work/spawn
-
-The arguments go to train_ddp.py unchanged; this file only does the launcher's job.
-"""
+The arguments go to train_ddp.py unchanged; this file only does the launcher's job."""
 import os
 import socket
 import sys

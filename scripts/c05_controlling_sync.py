@@ -1,6 +1,6 @@
 """Inside DDP, part 2: controlling synchronisation.
 
-    torchrun --standalone --nproc_per_node=2 c05_sync_details.py
+    torchrun --standalone --nproc_per_node=2 c05_controlling_sync.py
 
 1. no_sync() + gradient accumulation (loss scaled by the number of micro-batches) equals one
    large-batch step, with one all-reduce per optimizer step instead of one per micro-batch.
@@ -10,10 +10,6 @@
 import argparse
 import contextlib
 import gc
-import os
-import socket
-import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -22,38 +18,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return device
-
-
-def print0(text):
-    if dist.get_rank() == 0:
-        sys.stdout.write(text + "\n")
-
-
-def gathered(tensor):
-    tensors = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(tensors, tensor)
-    return tensors
+from c05_ddp_internals import gathered, print0, setup  # the setup block and helpers of part 1, beside this file
 
 
 def small_model(device):
@@ -86,8 +51,7 @@ def accumulation(device, rank, world_size):
         ddp_model.register_comm_hook(None, counting_hook)
         calls[0] = 0
         for k in range(accum_steps):
-            x = mine[0][k * micro_batch:(k + 1) * micro_batch]
-            y = mine[1][k * micro_batch:(k + 1) * micro_batch]
+            x, y = (t[k * micro_batch:(k + 1) * micro_batch] for t in mine)
             last = k == accum_steps - 1
             # no_sync(): backward() only accumulates into .grad; the all-reduce happens in the
             # first backward() outside it, and then averages the accumulated sum.
@@ -129,8 +93,7 @@ def unused_parameters(device, rank):
             print0(f"  default DDP, step {step}: RuntimeError: {lines[0][:112]}...")
             print0("    " + next(line for line in lines if line.startswith("Parameter indices")).strip())
             break
-    names = [n for n, p in ddp_model.module.named_parameters()]
-    print0(f"    (parameter indices 0-5 are {', '.join(names)})")
+    print0(f"    (parameter indices 0-5 are {', '.join(n for n, _ in ddp_model.module.named_parameters())})")
     torch.manual_seed(0)
     ddp_model = DDP(TwoHeads().to(device), find_unused_parameters=True)  # NEW: the fix
     for _ in range(3):
@@ -170,9 +133,8 @@ def buffers(device, rank, world_size):
     # What SyncBatchNorm computes, by hand: all-reduce (sum, sum of squares, count).
     stats = torch.cat([mine.sum(0), (mine * mine).sum(0), torch.tensor([float(len(mine))], device=device)])
     dist.all_reduce(stats)
-    n = stats[-1]
-    mean = stats[:4] / n
-    var = stats[4:8] / n - mean * mean
+    mean = stats[:4] / stats[-1]  # stats[-1]: the count
+    var = stats[4:8] / stats[-1] - mean * mean
     full_mean, full_var = X.mean(0), X.var(0, unbiased=False)
     ok = max((mean - full_mean).abs().max().item(), (var - full_var).abs().max().item()) <= 1e-5
     print0("  by hand, all_reduce of (sum, sum of squares, count): "

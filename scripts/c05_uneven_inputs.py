@@ -1,6 +1,6 @@
 """Inside DDP, part 3: uneven inputs and correct evaluation.
 
-    torchrun --standalone --nproc_per_node=2 c05_uneven.py
+    torchrun --standalone --nproc_per_node=2 c05_uneven_inputs.py
 
 1. Ranks with different numbers of batches: without Join the rank with more batches waits for
    an all-reduce nobody else joins (here: a 3-second timeout on gloo); with Join it finishes.
@@ -9,9 +9,6 @@
 """
 import argparse
 import gc
-import os
-import socket
-import sys
 from datetime import timedelta
 
 import torch
@@ -22,32 +19,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return device
-
-
-def print0(text):
-    if dist.get_rank() == 0:
-        sys.stdout.write(text + "\n")
+from c05_ddp_internals import gathered, print0, setup  # the setup block and helpers of part 1, beside this file
 
 
 def print_in_rank_order(text):
@@ -93,8 +65,7 @@ def uneven(backend, device, rank):
     with Join([ddp_model]):  # NEW: a rank that runs out of data shadows the others' all-reduces
         train(ddp_model, batches, device, done)
     print_in_rank_order(f"  with Join, rank {rank}: trained on {done[0]} batches")
-    weights = [torch.empty_like(p) for p in [ddp_model.module.weight] * dist.get_world_size()]
-    dist.all_gather(weights, ddp_model.module.weight.detach())
+    weights = gathered(ddp_model.module.weight.detach())
     print0(f"  with Join: weights identical on all ranks after: {all(torch.equal(w, weights[0]) for w in weights)}")
 
 
@@ -127,14 +98,11 @@ def evaluation(device, rank, world_size):
     dist.all_gather_object(accuracies, correct / count)
     print0(f"  wrong: rank 0's accuracy alone: {accuracies[0]:.4f}")
     print0(f"  wrong: mean of the ranks' accuracies: {sum(accuracies) / world_size:.4f}")
-    totals = torch.tensor([correct, count], dtype=torch.float64, device=device)
-    dist.all_reduce(totals)
-    print0(f"  wrong: all-reduced sums with the padding: {int(totals[0])}/{int(totals[1])} = "
-           f"{(totals[0] / totals[1]).item():.4f}")
-    totals = torch.tensor([correct_real, count_real], dtype=torch.float64, device=device)
-    dist.all_reduce(totals)
-    print0(f"  right: all-reduced sums without the padding: {int(totals[0])}/{int(totals[1])} = "
-           f"{(totals[0] / totals[1]).item():.4f}")
+    for verdict, n_right, n_total in [("wrong: all-reduced sums with the padding", correct, count),
+                                  ("right: all-reduced sums without the padding", correct_real, count_real)]:
+        totals = torch.tensor([n_right, n_total], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        print0(f"  {verdict}: {int(totals[0])}/{int(totals[1])} = {(totals[0] / totals[1]).item():.4f}")
 
 
 def main():

@@ -1,0 +1,24 @@
+"""parallel_course.runs: what the notebooks read back from a training run's --out folder."""
+
+import json
+
+import pytest
+import torch
+
+from parallel_course.runs import final_weights, metrics
+
+
+def test_final_weights_is_the_state_dict_flattened_in_order(tmp_path):
+    torch.save({"linear.weight": torch.tensor([[1.0, 2.0]]), "linear.bias": torch.tensor([3.0])}, tmp_path / "final.pt")
+    assert torch.equal(final_weights(tmp_path), torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_final_weights_refuses_pickled_code(tmp_path):
+    torch.save({"w": torch.ones(1), "extra": print}, tmp_path / "final.pt")
+    with pytest.raises(Exception, match="weights_only"):
+        final_weights(tmp_path)
+
+
+def test_metrics_reads_metrics_json(tmp_path):
+    (tmp_path / "metrics.json").write_text(json.dumps({"loss": [1.0, 0.5], "world_size": 2}))
+    assert metrics(tmp_path) == {"loss": [1.0, 0.5], "world_size": 2}
