@@ -40,6 +40,7 @@ HEAVY = (
     "tests/test_bench_scripts.py",
     "tests/test_cluster.py",
     "tests/test_interrupts.py",
+    "tests/test_rerun.py",
 )
 
 _seconds_per_file: dict[str, float] = defaultdict(float)

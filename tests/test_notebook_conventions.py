@@ -1,12 +1,14 @@
 """The conventions every notebook keeps (opening, closing, kernel, ignored outputs; see the
 instructor guide, notebooks/README.md), and the explorers reacting to their controls."""
 
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from helpers import LABS, LECTURES, SOLUTIONS, chapter
+from parallel_course.scriptdiff import written_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = LECTURES + SOLUTIONS + LABS
@@ -65,3 +67,19 @@ def test_no_code_cell_over_a_screen(path):
                 f"{path.name}: a code cell of {n} lines (at most {MAX_CELL_LINES}; write a script in parts with "
                 f"%%writefile -a):\n{cell.source[:200]}"
             )
+
+
+@pytest.mark.parametrize("path", ALL, ids=[f"{p.parent.name}/{p.stem}" for p in ALL])
+def test_notebook_runs_on_its_own(path):
+    """A student may open any notebook first: every script of work/ that it runs, or that a script
+    it writes imports, is written by this notebook or copied into work/ by it, never left there by
+    an earlier notebook."""
+    cells = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    scripts = written_scripts(path)
+    provided = set(scripts) | {
+        name for source in cells for name in re.findall(r"copy\([^)]*?(\w+\.py)[\"'], [\"']work/", source)
+    }
+    needed = {name for source in cells for name in re.findall(r"\bwork/(\w+\.py)\b", source)}
+    for versions in scripts.values():  # imports of a script beside it, the course's chapter scripts
+        needed |= {m + ".py" for m in re.findall(r"^(?:from|import) ((?:c\d\d|train|bench)_\w+)", versions[-1], re.M)}
+    assert needed <= provided, f"{path.name} needs {sorted(needed - provided)} in work/ but does not write them"
