@@ -476,6 +476,45 @@ def test_train_ddp_crash_on_nccl_resumes_bit_for_bit(tmp_path):
     assert all(torch.equal(ref[k], resumed[k]) for k in ref), "resumed weights differ from the reference"
 
 
+# --------------------------------------------------------------------------- 4b. train_gpt.py
+
+GPT_RUN = ["--steps", "8", "--seed", "5", "--global-batch-size", "8"]
+
+
+def gpt_run(tmp_path, layout, nproc):
+    out = tmp_path / layout
+    if layout == "single":
+        stdout = ok(python(SCRIPTS / "train_gpt.py", "--parallel", layout, *GPT_RUN, "--out", out, cwd=tmp_path))
+    else:
+        stdout = ok(
+            torchrun(nproc, SCRIPTS / "train_gpt.py", "--parallel", layout, *GPT_RUN, "--out", out, cwd=tmp_path)
+        )
+    assert "backend=nccl device=cuda" in stdout, stdout  # a GPU per rank: nccl, never a silent gloo
+    return json.loads((out / "metrics.json").read_text())
+
+
+def assert_same_losses_and_sharded(reference, run, sharded):
+    # float32 on GPUs: attention and matmul kernels and nccl's reduction order differ from one process's.
+    assert run["losses"] == pytest.approx(reference["losses"], rel=1e-3), run["parallel"]
+    total = reference["total_parameters"]
+    assert len(run["local_parameters"]) == run["world_size"]
+    assert all(n < 0.6 * total if sharded else n == total for n in run["local_parameters"]), run["local_parameters"]
+
+
+@needs_gpus(2)
+def test_train_gpt_layouts_on_nccl_equal_one_gpu(tmp_path):
+    """ddp, fsdp and tp on 2 GPUs give the losses of one GPU, each rank storing its share."""
+    reference = gpt_run(tmp_path, "single", 1)
+    for layout in ("ddp", "fsdp", "tp"):
+        assert_same_losses_and_sharded(reference, gpt_run(tmp_path, layout, 2), sharded=layout != "ddp")
+
+
+@needs_gpus(4)
+def test_train_gpt_2d_on_nccl_equals_one_gpu(tmp_path):
+    reference = gpt_run(tmp_path, "single", 1)
+    assert_same_losses_and_sharded(reference, gpt_run(tmp_path, "2d", 4), sharded=True)
+
+
 # Every chapter script the notebooks launch, as they launch it, on nccl: each must pick nccl with a
 # GPU per rank, keep its tensors on that GPU (nccl refuses CPU tensors) and report no failed check.
 CHAPTER_SCRIPTS = [

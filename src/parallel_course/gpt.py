@@ -1,0 +1,151 @@
+"""The capstone's model and data (chapter 11): a small GPT and a task it learns on a CPU in seconds.
+
+The GPT is decoder-only: token and position embeddings, pre-norm blocks of causal self-attention
+and MLP, a final LayerNorm and an **untied** output head (its own weights, not the embedding's:
+tensor parallelism would silently untie a tied pair). Attention keeps q, k and v as three
+Linear layers and infers the number of heads from the width it receives, so that the same code
+runs whole or split column-wise over tensor-parallel ranks.
+
+The task is multi-digit addition, ``"12+34=" -> "64"`` with the sum written least significant
+digit first (the order a carry flows), so that each answer digit depends on digits already seen.
+Only the answer positions count in the loss and in the exact-match accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+PLUS, EQUALS = 10, 11  # token ids; 0-9 are the digits
+IGNORE = -100  # target of a position that is not part of the answer (cross_entropy's ignore_index)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 12
+    block_size: int = 16  # the longest sequence the position embedding covers
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    mlp_ratio: int = 4
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.q, self.k, self.v = (nn.Linear(cfg.d_model, cfg.d_model) for _ in range(3))
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        # -1 heads: all of them when whole, this rank's share when q, k, v are split column-wise.
+        q, k, v = (lin(x).view(B, T, -1, self.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), CausalSelfAttention(cfg)
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig, activation_checkpointing: bool = False):
+        super().__init__()
+        self.cfg = cfg
+        self.activation_checkpointing = activation_checkpointing
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.shape[1]
+        if T > self.cfg.block_size:
+            raise ValueError(f"sequence of {T} tokens, longer than block_size {self.cfg.block_size}")
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(T, device=idx.device))
+        for block in self.blocks:
+            # Checkpointing keeps only each block's input and recomputes the rest in backward.
+            x = checkpoint(block, x, use_reentrant=False) if self.activation_checkpointing else block(x)
+        return self.head(self.ln_f(x))
+
+
+class AdditionTask:
+    """Sums of two ``n_digits``-digit numbers as token sequences: ``a + b = reversed(a + b)``."""
+
+    def __init__(self, n_digits: int = 2):
+        if n_digits < 1:
+            raise ValueError(f"n_digits must be at least 1, got {n_digits}")
+        self.n_digits = n_digits
+        self.answer_len = n_digits + 1
+        self.seq_len = 3 * n_digits + 2  # the model's input: the sequence without its last token
+
+    def _digits(self, numbers: torch.Tensor, width: int) -> torch.Tensor:
+        powers = 10 ** torch.arange(width - 1, -1, -1)
+        return numbers[:, None] // powers % 10  # most significant first
+
+    def batch(self, generator: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``size`` random problems: inputs ``x`` and next-token targets ``y`` (IGNORE outside
+        the answer), both of shape (size, seq_len), drawn from ``generator`` alone."""
+        a, b = torch.randint(0, 10**self.n_digits, (2, size), generator=generator)
+        answer = self._digits(a + b, self.answer_len).flip(1)  # least significant digit first
+        seq = torch.cat(
+            [
+                self._digits(a, self.n_digits),
+                torch.full((size, 1), PLUS),
+                self._digits(b, self.n_digits),
+                torch.full((size, 1), EQUALS),
+                answer,
+            ],
+            dim=1,
+        )
+        x, y = seq[:, :-1], seq[:, 1:].clone()
+        y[:, : -self.answer_len] = IGNORE
+        return x, y
+
+    def show(self, x: torch.Tensor, answer: torch.Tensor) -> str:
+        """One problem as text, with an answer (given least significant digit first)."""
+        digits = "".join("0123456789+="[t] for t in x[: 2 * self.n_digits + 2].tolist())
+        return digits + "".join(str(d) for d in reversed(answer.tolist()))
+
+
+def answer_loss_sum(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Cross-entropy summed over the answer positions, and how many there are: a sum, so that
+    ranks can add theirs before dividing by the global count (a mean of means drifts)."""
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    return loss, int((y != IGNORE).sum())
+
+
+def exact_match(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per problem: is every answer digit the model's most likely token? With the correct digits
+    fed back (teacher forcing) this is exactly whether greedy decoding gets the whole sum right."""
+    right = (logits.argmax(-1) == y) | (y == IGNORE)
+    return right.all(dim=1)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
