@@ -530,6 +530,7 @@ CHAPTER_SCRIPTS = [
     ("c08_zero1_optimizer.py", "--steps", "5"),
     ("c08_fsdp.py", "--steps", "5"),
     ("c08_fsdp_options.py", "--out", "."),
+    ("c11_compile_ddp.py",),
 ]
 
 EXPECTED_FALSE = {"c05_ddp_internals.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal")}

@@ -1,0 +1,135 @@
+"""torch.compile and DDP: the graph split at DDP's buckets, the same losses, the compile time.
+
+    torchrun --standalone --nproc_per_node=2 c11_compile_ddp.py [--backend aot_eager|inductor]
+
+1. Graphs: a backend that only counts the graphs dynamo hands it. One process: one graph. DDP:
+   one graph per bucket (dynamo's DDPOptimizer splits the model where DDP's buckets end, so that
+   a bucket's all-reduce can start while the rest of backward runs).
+2. Training: chapter 11's GPT with DDP for 8 steps, eager and compiled: the same losses, and how
+   long the first compiled step (the compilation) takes against the others.
+"""
+import argparse
+import gc
+import logging
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from parallel_course.gpt import GPT, AdditionTask, GPTConfig, answer_loss_sum
+
+
+def free_port():
+    """A port the operating system says is free (plain `python` runs): never a fixed number."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def setup():
+    """Backend and device from what is present; works under torchrun and as plain python."""
+    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+        os.environ.setdefault(key, value)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    return device
+
+
+def print0(text):
+    if dist.get_rank() == 0:
+        sys.stdout.write(text + "\n")
+
+
+def model_on(device, cfg=None):
+    torch.manual_seed(5)  # the same initial weights in every run
+    return GPT(cfg or GPTConfig()).to(device)
+
+
+def wrap(model, device, bucket_cap_mb=None):
+    kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
+
+def graphs(device):
+    """How many graphs torch.compile makes of one forward: alone, and under DDP. A wider, deeper
+    GPT (3.2 MB of float32 parameters), so that DDP's buckets (the first 1 MiB) are several."""
+    cfg = GPTConfig(d_model=128, n_layers=4)
+    x = AdditionTask(2).batch(torch.Generator().manual_seed(0), 4)[0].to(device)
+    for name, make in [("one process, no DDP", lambda: model_on(device, cfg)),
+                       ("DDP, default buckets", lambda: wrap(model_on(device, cfg), device)),
+                       ("DDP, bucket_cap_mb=1", lambda: wrap(model_on(device, cfg), device, bucket_cap_mb=1))]:
+        torch._dynamo.reset()
+        seen = []
+
+        def counting(gm, example_inputs, seen=seen):  # a backend that compiles nothing: it counts
+            seen.append(gm)
+            return gm.forward
+
+        model = make()
+        compiled = torch.compile(model, backend=counting)
+        for _ in range(2):  # DDP sets its buckets in the order of step 1's gradients, from step 2 on
+            compiled(x).sum().backward()
+        buckets = len(model.reducer._get_zeros_like_grad_buckets()) if isinstance(model, DDP) else "-"
+        print0(f"  {name:22}: {len(seen)} graph(s); DDP's buckets: {buckets}")
+
+
+def train(device, compiled, backend, steps=8):
+    """Chapter 11's run with DDP; returns the losses and each step's time."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch._dynamo.reset()
+    model = wrap(model_on(device), device)
+    step_fn = torch.compile(model, backend=backend) if compiled else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    task, data, share = AdditionTask(2), torch.Generator().manual_seed(6), 8 // world_size
+    losses, times = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        x, y = task.batch(data, 8)
+        x, y = (t[rank * share : (rank + 1) * share].to(device) for t in (x, y))
+        loss_sum, count = answer_loss_sum(step_fn(x), y)
+        (loss_sum / count).backward()  # equal counts on every rank: DDP's average is the global mean
+        optimizer.step()
+        optimizer.zero_grad()
+        dist.all_reduce(loss_sum := loss_sum.detach())
+        losses.append(loss_sum.item() / (count * world_size))
+        times.append(time.perf_counter() - start)
+    return losses, times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="aot_eager", choices=["aot_eager", "inductor"],
+                        help="torch.compile backend for the training (default: aot_eager)")
+    args = parser.parse_args()
+    device = setup()
+    # dynamo warns, once per rank, that it leaves DDP's profiler annotations out of the graph
+    torch._logging.set_logs(dynamo=logging.ERROR)
+    print0("1. Graphs torch.compile makes of one forward:")
+    graphs(device)
+    print0(f"2. DDP training, eager and compiled ({args.backend}), 8 steps:")
+    eager, eager_times = train(device, False, args.backend)
+    compiled, compiled_times = train(device, True, args.backend)
+    worst = max(abs(a - b) / b for a, b in zip(compiled, eager))
+    print0("  eager losses:    " + " ".join(f"{v:.4f}" for v in eager))
+    print0("  compiled losses: " + " ".join(f"{v:.4f}" for v in compiled))
+    print0(f"  compiled vs eager: max relative difference <= 1e-05: {worst <= 1e-5}")
+    print0(f"  first compiled step (with the compilation): {compiled_times[0]:.2f} s; later steps, median: "
+           f"compiled {statistics.median(compiled_times[1:]) * 1e3:.1f} ms, eager "
+           f"{statistics.median(eager_times[1:]) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
+    gc.collect()  # main()'s DDP objects are gone: the group is released here, not at exit,
+    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
