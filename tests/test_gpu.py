@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from parallel_course import data_parallel as dp
+from parallel_course.input_pipeline import host_to_device_seconds
 from parallel_course.launch import run_bounded_once_more_on_exit_crash
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -582,6 +583,29 @@ def test_data_parallel_on_gpus_equals_the_course_re_enactment():
     torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-5, atol=1e-6)
     for name, g in ref_grads.items():
         torch.testing.assert_close(grads[name].grad, g, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- 5b. input pipeline (11b)
+
+
+@needs_gpus(1)
+def test_pinned_copies_do_not_block_the_host_and_pageable_ones_do():
+    numel = 64 * 2**20 // 4  # 64 MiB
+    pinned, pageable = host_to_device_seconds(numel, pinned=True), host_to_device_seconds(numel, pinned=False)
+    assert pinned["blocked"] < pinned["copy"] / 2, pinned  # non_blocking from pinned memory returns early
+    assert pageable["blocked"] > pageable["copy"] / 2, pageable  # the driver stages it: the host waits
+    assert pinned["copy"] < pageable["copy"], (pinned, pageable)
+
+
+@needs_gpus(1)
+def test_deterministic_mode_refuses_histc_on_cuda():
+    """Chapter 11b's example of an operation with no deterministic CUDA kernel (torch 2.13's list)."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="does not have a deterministic implementation"):
+            torch.histc(torch.rand(100, device="cuda"))
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 # --------------------------------------------------------------------------- everywhere: the guards

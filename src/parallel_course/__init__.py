@@ -11,6 +11,9 @@ Small modules, each doing what its name says:
                      bytes saved for backward; reading and plotting benchmarks (06a-06c)
 - ``model_parallel`` pipeline schedules as data (GPipe, 1F1B), bubble, stage splitting (07a)
 - ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
+- ``gpt``            a small GPT and an addition task made by the course (11, 12)
+- ``input_pipeline`` data sets and timers for feeding a training step (11b)
+- ``runs``           what a training run leaves in its ``--out`` folder (04, 09)
 - ``checks``         clear verdicts for lab check cells
 - ``scriptdiff``     what a notebook's %%writefile cells write; the lines a step changed (04, 09)
 - ``explorers``      ipywidgets explorers over the functions above, one pattern (``explorers.base``),
