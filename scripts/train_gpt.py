@@ -2,7 +2,7 @@
 
     python train_gpt.py --parallel single --out work/gpt_single
     torchrun --standalone --nproc_per_node=2 train_gpt.py --parallel ddp --out work/gpt_ddp  # or fsdp, tp
-    torchrun --standalone --nproc_per_node=4 train_gpt.py --parallel 2d --out work/gpt_2d    # FSDP x TP
+    torchrun --standalone --nproc_per_node=4 train_gpt.py --parallel 2d --sequence-parallel --out work/gpt_2d
 
 Every layout trains the same model on the same global batches, so its per-step losses equal the
 single process's up to float rounding. Writes metrics.json (losses, parameters and memory per
@@ -24,8 +24,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parallel_course.gpt import GPT, AdditionTask, GPTConfig, answer_loss_sum
@@ -48,6 +54,7 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--digits", type=int, default=2, help="digits of each number added (1 to 4)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
+    parser.add_argument("--sequence-parallel", action="store_true", help="tp, 2d: split activations by position")
     parser.add_argument("--out", type=Path, required=True, help="folder for metrics.json and final.pt")
     args = parser.parse_args(argv)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -61,13 +68,14 @@ def parse_args(argv=None):
         parser.error(f"--parallel single is one process, but the world size is {world_size}")
     if args.parallel == "2d" and (world_size < 2 * TP_SIZE_2D or world_size % TP_SIZE_2D):
         parser.error(f"--parallel 2d needs an even world size of at least {2 * TP_SIZE_2D}, got {world_size}")
+    if args.sequence_parallel and args.parallel not in ("tp", "2d"):
+        parser.error(f"--sequence-parallel needs --parallel tp or 2d, got {args.parallel}")
     dp = mesh_shape(args.parallel, world_size)[0]
     if args.global_batch_size % dp:
         parser.error(f"--global-batch-size {args.global_batch_size} is not divisible by the {dp} data-parallel ranks")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} exists and is not a folder")
     return args
-
 
 def free_port():
     """A port the operating system says is free (plain `python` runs): never a fixed number."""
@@ -90,6 +98,7 @@ def setup():
     dist.init_process_group(backend, timeout=timedelta(seconds=30))
     return device
 
+
 def local(t):
     """The part of a tensor this rank stores: a DTensor's local shard, or the tensor itself."""
     return t.to_local() if isinstance(t, DTensor) else t
@@ -99,22 +108,30 @@ def nbytes(tensors):
     return sum(local(t).numel() * local(t).element_size() for t in tensors)
 
 
-def tensor_parallel(model, tp_mesh):
+def tensor_parallel(model, tp_mesh, sequence=False):
     """Megatron-style: q, k, v and the MLP's first layer split by columns (output features), the
-    projections after them by rows, so each block needs one all-reduce forward and one backward.
-    The head is split by vocabulary and its logits gathered; embeddings and norms stay whole."""
-    plan = {"head": ColwiseParallel(output_layouts=Replicate())}
+    projections after them by rows: one all-reduce per block forward and one backward. The head is
+    split by vocabulary, its logits gathered. Sequence parallelism also splits the embeddings, and
+    by position what flows between the split layers: each all-reduce becomes a reduce-scatter."""
+    seq = Shard(1) if sequence else Replicate()  # the activations between the split layers
+    plan = {"head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
     for i in range(len(model.blocks)):
         plan |= {f"blocks.{i}.attn.{name}": ColwiseParallel() for name in ("q", "k", "v")}
-        plan |= {f"blocks.{i}.attn.proj": RowwiseParallel(),
-                 f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel()}
+        plan |= {f"blocks.{i}.attn.proj": RowwiseParallel(output_layouts=seq),
+                 f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel(output_layouts=seq)}
+        if sequence:  # norms on this rank's positions; attention and MLP gather the whole sequence
+            plan |= {f"blocks.{i}.{m}": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+                     for m in ("attn", "mlp")} | {f"blocks.{i}.{norm}": SequenceParallel() for norm in ("ln1", "ln2")}
+    if sequence:  # pos_emb's output is (T, d): its positions are dim 0
+        plan |= {"tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq), "ln_f": SequenceParallel(),
+                 "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))}
     parallelize_module(model, tp_mesh, plan)
 
 
-def apply_layout(model, layout, mesh, device):
+def apply_layout(model, layout, mesh, device, sequence=False):
     """The layout around the model; returns what to call in the training loop."""
     if layout in ("tp", "2d"):
-        tensor_parallel(model, mesh["tp"])
+        tensor_parallel(model, mesh["tp"], sequence)
     if layout in ("fsdp", "2d"):  # after TP: FSDP shards the (TP-local) parameters further over dp
         for block in model.blocks:
             fully_shard(block, mesh=mesh["dp"])
@@ -129,9 +146,8 @@ def apply_layout(model, layout, mesh, device):
 
 
 class SavedActivations:
-    """Bytes of the tensors autograd keeps for backward, parameters excluded: the activation memory
-    of a step (a CPU has no allocator statistics; on a GPU, torch.cuda.max_memory_allocated adds up
-    everything). Views of one storage count once."""
+    """Bytes of the tensors autograd keeps for backward (parameters excluded, views of one storage
+    once): a CPU has no allocator statistics; on a GPU, torch.cuda.max_memory_allocated has it all."""
 
     def __init__(self, model):
         self.model, self.storages, self.bytes = model, set(), 0
@@ -192,7 +208,7 @@ def main(argv=None):
     model = GPT(GPTConfig(), activation_checkpointing=args.activation_checkpointing).to(device)
     names = [name for name, _ in model.named_parameters()]
     total = sum(p.numel() for p in model.parameters())
-    step_fn = apply_layout(model, args.parallel, mesh, device)
+    step_fn = apply_layout(model, args.parallel, mesh, device, args.sequence_parallel)
     if rank == 0:
         sys.stdout.write(f"{args.parallel}: backend={dist.get_backend()} device={device.type} world_size={world_size} "
                          f"(dp {dp} x tp {tp}), global batch {args.global_batch_size}\n")
@@ -213,7 +229,7 @@ def main(argv=None):
                    "steps": args.steps, "seed": args.seed, "global_batch_size": args.global_batch_size,
                    "activation_checkpointing": args.activation_checkpointing, "losses": losses,
                    "total_parameters": total, "local_parameters": [m.pop("local_parameters") for m in every],
-                   "memory": every, "placements": placements}
+                   "memory": every, "placements": placements, "sequence_parallel": args.sequence_parallel}
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
         sys.stdout.write(f"wrote {args.out / 'metrics.json'} and final.pt; each rank stores "
                          f"{metrics['local_parameters']} of {total:,} parameter elements\n")

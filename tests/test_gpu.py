@@ -482,14 +482,13 @@ def test_train_ddp_crash_on_nccl_resumes_bit_for_bit(tmp_path):
 GPT_RUN = ["--steps", "8", "--seed", "5", "--global-batch-size", "8"]
 
 
-def gpt_run(tmp_path, layout, nproc):
-    out = tmp_path / layout
+def gpt_run(tmp_path, layout, nproc, *extra):
+    out = tmp_path / "-".join([layout, *extra])
+    args = ["--parallel", layout, *GPT_RUN, *extra, "--out", out]
     if layout == "single":
-        stdout = ok(python(SCRIPTS / "train_gpt.py", "--parallel", layout, *GPT_RUN, "--out", out, cwd=tmp_path))
+        stdout = ok(python(SCRIPTS / "train_gpt.py", *args, cwd=tmp_path))
     else:
-        stdout = ok(
-            torchrun(nproc, SCRIPTS / "train_gpt.py", "--parallel", layout, *GPT_RUN, "--out", out, cwd=tmp_path)
-        )
+        stdout = ok(torchrun(nproc, SCRIPTS / "train_gpt.py", *args, cwd=tmp_path))
     assert "backend=nccl device=cuda" in stdout, stdout  # a GPU per rank: nccl, never a silent gloo
     return json.loads((out / "metrics.json").read_text())
 
@@ -504,16 +503,21 @@ def assert_same_losses_and_sharded(reference, run, sharded):
 
 @needs_gpus(2)
 def test_train_gpt_layouts_on_nccl_equal_one_gpu(tmp_path):
-    """ddp, fsdp and tp on 2 GPUs give the losses of one GPU, each rank storing its share."""
+    """ddp, fsdp, tp and tp with sequence parallelism on 2 GPUs give the losses of one GPU, each
+    rank storing its share."""
     reference = gpt_run(tmp_path, "single", 1)
     for layout in ("ddp", "fsdp", "tp"):
         assert_same_losses_and_sharded(reference, gpt_run(tmp_path, layout, 2), sharded=layout != "ddp")
+    sequence = gpt_run(tmp_path, "tp", 2, "--sequence-parallel")
+    assert_same_losses_and_sharded(reference, sequence, sharded=True)
+    assert sequence["placements"]["blocks.0.ln1.weight"] == "(Replicate(),)", sequence["placements"]
 
 
 @needs_gpus(4)
 def test_train_gpt_2d_on_nccl_equals_one_gpu(tmp_path):
     reference = gpt_run(tmp_path, "single", 1)
-    assert_same_losses_and_sharded(reference, gpt_run(tmp_path, "2d", 4), sharded=True)
+    for extra in ([], ["--sequence-parallel"]):
+        assert_same_losses_and_sharded(reference, gpt_run(tmp_path, "2d", 4, *extra), sharded=True)
 
 
 # Every chapter script the notebooks launch, as they launch it, on nccl: each must pick nccl with a

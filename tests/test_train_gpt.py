@@ -1,7 +1,7 @@
 """scripts/train_gpt.py, the capstone's reference script: its arguments.
 
-The layouts themselves (the same losses as one process in ddp, fsdp, tp and 2d, each rank storing
-its share) are launched and asserted by notebook 11 under strict nbval, and on nccl by
+The layouts themselves (the same losses as one process in ddp, fsdp, tp and 2d with sequence
+parallelism, each rank storing its share) are launched and asserted by notebook 11 under strict nbval, and on nccl by
 tests/test_gpu.py; here the argument checks run in this process, and one bad command line as a
 process: one error line, exit code 2, nothing written.
 """
@@ -46,6 +46,8 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
         (["--parallel", "2d", "--global-batch-size", "8"], 6, "not divisible by the 3 data-parallel ranks"),
         (["--parallel", "ddp", "--global-batch-size", "6"], 4, "not divisible by the 4 data-parallel ranks"),
         (["--parallel", "tp", "--global-batch-size", "7"], 4, None),  # tp: one data-parallel rank
+        (["--parallel", "tp", "--sequence-parallel"], 2, None),
+        (["--parallel", "fsdp", "--sequence-parallel"], 2, "--sequence-parallel needs --parallel tp or 2d, got fsdp"),
         (["OUT_IS_A_FILE"], 1, "exists and is not a folder"),
         ([], 1, "required: --out"),
     ],
