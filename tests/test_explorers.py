@@ -7,6 +7,7 @@ import pytest
 from parallel_course import costmodel as cm
 from parallel_course.explorers import (
     cost_model_explorer,
+    layout_memory_explorer,
     pipeline_explorer,
     placement_explorer,
     ring_allreduce_explorer,
@@ -16,7 +17,14 @@ from parallel_course.explorers.base import Explorer
 from parallel_course.explorers.cost_model import GBIT
 from parallel_course.explorers.zero import draw, summary
 
-EXPLORERS = [cost_model_explorer, pipeline_explorer, placement_explorer, ring_allreduce_explorer, zero_calculator]
+EXPLORERS = [
+    cost_model_explorer,
+    layout_memory_explorer,
+    pipeline_explorer,
+    placement_explorer,
+    ring_allreduce_explorer,
+    zero_calculator,
+]
 
 
 @pytest.mark.parametrize("make", EXPLORERS, ids=[f.__name__ for f in EXPLORERS])
@@ -84,3 +92,23 @@ def test_zero_calculator_summary_figure_and_controls():
     ranks.value = ranks.options[0]
     assert ui.values["world_size"] == ranks.options[0]
     assert ui.result.value != before[0] and ui.plot.value != before[1]
+
+
+def test_layout_memory_explorer_follows_its_controls_and_keeps_t_a_divisor_of_n():
+    ui = layout_memory_explorer()
+    assert [c.description for c in ui.children[:6]] == [
+        "model",
+        "processes N",
+        "tensor parallel t",
+        "sequence length",
+        "micro-batch b",
+        "checkpoint every block",
+    ]
+    assert "tp+sp" in ui.result.value and "GPT-3 6.7B" in ui.result.value
+    before = (ui.result.value, ui.plot.value)
+    ui.controls["seq_len"].value = 4096
+    assert ui.result.value != before[0] and ui.plot.value != before[1] and "sequence 4096" in ui.result.value
+    ui.controls["world_size"].value = 2  # below t = 8: t follows
+    assert ui.values["tp"] == 2 and "N = 2, t = 2" in ui.result.value
+    ui.controls["checkpointing"].value = True
+    assert "every block checkpointed" in ui.result.value

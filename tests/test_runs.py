@@ -22,3 +22,17 @@ def test_final_weights_refuses_pickled_code(tmp_path):
 def test_metrics_reads_metrics_json(tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps({"loss": [1.0, 0.5], "world_size": 2}))
     assert metrics(tmp_path) == {"loss": [1.0, 0.5], "world_size": 2}
+
+
+def test_plot_memory_by_layout_draws_one_bar_per_part_and_layout():
+    from matplotlib.figure import Figure
+
+    from parallel_course.runs import MEMORY_PARTS, plot_memory_by_layout
+
+    memory = [{part: 1000.0 * (i + 1) for i, part in enumerate(MEMORY_PARTS)}]
+    runs = {"single": {"world_size": 1, "memory": memory}, "fsdp": {"world_size": 2, "memory": memory}}
+    ax = Figure().subplots()
+    plot_memory_by_layout(ax, runs)
+    assert len(ax.patches) == len(MEMORY_PARTS) * len(runs)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["single (1)", "fsdp (2)"]
+    assert sorted(p.get_height() for p in ax.patches)[-1] == 4.0  # kB

@@ -13,12 +13,13 @@ Small modules, each doing what its name says:
 - ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
 - ``gpt``            a small GPT and an addition task made by the course (11, 12)
 - ``input_pipeline`` data sets and timers for feeding a training step (11b)
+- ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
 - ``runs``           what a training run leaves in its ``--out`` folder (04, 09)
 - ``checks``         clear verdicts for lab check cells
 - ``scriptdiff``     what a notebook's %%writefile cells write; the lines a step changed (04, 09)
 - ``explorers``      ipywidgets explorers over the functions above, one pattern (``explorers.base``),
                      one module each: placement (00), cost_model (01), ring (03), pipeline (07a),
-                     zero (08)
+                     zero (08), layout_memory (11)
 """
 
 from .launch import setup_notebook

@@ -1,11 +1,12 @@
 """The course's explorers: controls -> a plain function -> text and a figure (``base.Explorer``).
 
 One module per explorer: ``placement`` (chapter 00), ``cost_model`` (01), ``ring`` (03),
-``pipeline`` (07a), ``zero`` (08). Tested in tests/test_explorers.py, and each driven in a real
+``pipeline`` (07a), ``zero`` (08), ``layout_memory`` (11). Tested in tests/test_explorers.py, and each driven in a real
 browser by tests/test_jupyterlab.py.
 """
 
 from .cost_model import cost_model_explorer
+from .layout_memory import layout_memory_explorer
 from .pipeline import pipeline_explorer
 from .placement import placement_explorer
 from .ring import ring_allreduce_explorer
@@ -13,6 +14,7 @@ from .zero import zero_calculator
 
 __all__ = [
     "cost_model_explorer",
+    "layout_memory_explorer",
     "pipeline_explorer",
     "placement_explorer",
     "ring_allreduce_explorer",
