@@ -1,6 +1,6 @@
 """What students read stands alone: every mistake label resolves, nothing names author-only files.
 
-- ``M1``…``M22`` in notebooks, labs, scripts and READMEs are entries of ``MISTAKES.md``, and every
+- ``M1``…``M24`` in notebooks, labs, scripts and READMEs are entries of ``MISTAKES.md``, and every
   entry links to a heading that exists in the notebook that demonstrates it.
 - No student-facing file names the documents the course was written from ("seed 003") or the
   authors' design notes, which students do not have.
