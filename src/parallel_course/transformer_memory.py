@@ -15,14 +15,15 @@
       tensor parallel           s·b·h·(10 + 24/t + 5·a·s/(h·t))
       tensor + sequence par.    s·b·h·(34/t + 5·a·s/(h·t))
 
-  With every block checkpointed ("full recomputation", their section 5), a block keeps only its
+  With every block checkpointed (the paper's "full recomputation"), a block keeps only its
   input, 2·s·b·h bytes (divided by t with sequence parallelism), and the block being recomputed
   needs its whole activations once more during its backward.
 
 The layouts on N processes with tensor-parallel degree t: ``ddp`` (N data-parallel replicas),
 ``fsdp`` (ZeRO-3 over N), ``tp`` (t-way TP, DDP over the N/t groups), ``tp+sp`` (the same with
-sequence parallelism), ``2d`` (t-way TP with sequence parallelism, FSDP over the N/t groups), as
-``train_gpt.py`` lays them out. Logits, temporary buffers and fragmentation are not included.
+sequence parallelism), ``2d`` (t-way TP with sequence parallelism, FSDP over the N/t groups);
+``train_gpt.py``'s ``tp`` is the case t = N. Logits, temporary buffers and fragmentation are not
+included.
 ``explorers.layout_memory`` draws these functions.
 """
 
