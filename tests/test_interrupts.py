@@ -31,6 +31,15 @@ time.sleep(600)
 """
 
 
+# `python -m pytest` as run in a terminal, where Ctrl-C reaches it: with Python's own SIGINT handler
+# even when this suite runs where SIGINT is ignored (a script's background job inherits that, and
+# a Python started there keeps ignoring it: the SIGINT case would then wait for nothing).
+FOREGROUND_PYTEST = (
+    "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.exit(pytest.main(sys.argv[1:]))"
+)
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -73,8 +82,8 @@ def test_stopping_the_suite_stops_its_launches(tmp_path, signum):
     suite = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "pytest",
+            "-c",
+            FOREGROUND_PYTEST,
             "-p",
             "conftest",
             "-p",
@@ -107,6 +116,8 @@ def test_stopping_the_suite_stops_its_launches(tmp_path, signum):
     finally:
         if suite.poll() is None:
             os.killpg(suite.pid, signal.SIGKILL)
+        for proc in marked_processes(mark):  # when the test failed: its launch must not outlive it
+            proc.kill()
 
 
 def test_interrupting_a_cell_stops_its_torchrun(tmp_path):
