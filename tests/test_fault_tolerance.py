@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from helpers import load_script
-from parallel_course.launch import run_bounded_once_more_on_exit_crash
+from parallel_course.launch import run_bounded_retrying_exit_crash
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
@@ -292,7 +292,7 @@ def test_two_jobs_at_once_do_not_collide(tmp_path):
     results = {}
 
     def run(name):
-        results[name] = run_bounded_once_more_on_exit_crash(
+        results[name] = run_bounded_retrying_exit_crash(
             torchrun_cmd(*TRAIN, "--epochs", 1, "--out", tmp_path / name), timeout=LAUNCH_TIMEOUT, cwd=ROOT, env=env()
         )
 

@@ -92,9 +92,7 @@ def test_torchrun_does_not_launch_a_lab_script_with_a_stub(tmp_path, monkeypatch
     from parallel_course import launch
 
     monkeypatch.setattr(
-        launch,
-        "run_bounded_once_more_on_exit_crash",
-        lambda *a, **k: pytest.fail("launched a script that cannot work yet"),
+        launch, "run_bounded_retrying_exit_crash", lambda *a, **k: pytest.fail("launched a script that cannot work yet")
     )
     (tmp_path / "mine.py").write_text("def f():\n    # YOUR CODE HERE\n    raise NotImplementedError()\n")
     (tmp_path / "check.py").write_text("import os\n\nfrom mine import f\n\nf()\n")
@@ -121,8 +119,8 @@ def test_torchrun_restarts_the_job_when_asked(tmp_path):
         torchrun(str(script), max_restarts=-1)
 
 
-def _script_failing_first(tmp_path, message):
-    """A script that writes `message` to stderr and fails on its first run only."""
+def _script_failing_first(tmp_path, message, failures=1):
+    """A script that writes `message` to stderr and fails on its first `failures` runs."""
     script = tmp_path / "job.py"
     script.write_text(
         "import os, sys\n"
@@ -130,24 +128,37 @@ def _script_failing_first(tmp_path, message):
         "runs = int(open(flag).read()) + 1 if os.path.exists(flag) else 1\n"
         "open(flag, 'w').write(str(runs))\n"
         "print('done')\n"
-        f"if runs == 1:\n    sys.stderr.write({message!r} + '\\n')\n    sys.exit(134)\n"
+        f"if runs <= {failures}:\n    sys.stderr.write({message!r} + '\\n')\n    sys.exit(134)\n"
     )
     return script
 
 
-def test_the_known_exit_crash_is_run_once_more(tmp_path):
-    from parallel_course.launch import EXIT_CRASH, run_bounded_once_more_on_exit_crash
+def test_the_known_exit_crash_is_run_again_up_to_three_runs(tmp_path):
+    from parallel_course.launch import EXIT_CRASH, run_bounded_retrying_exit_crash
 
-    script = _script_failing_first(tmp_path, EXIT_CRASH)
-    result = run_bounded_once_more_on_exit_crash([sys.executable, str(script)], timeout=30)
-    assert result.returncode == 0 and (tmp_path / "ran").read_text() == "2"
+    before = []
+    script = _script_failing_first(tmp_path, EXIT_CRASH, failures=2)
+    result = run_bounded_retrying_exit_crash(
+        [sys.executable, str(script)], timeout=30, before_each=lambda: before.append(1)
+    )
+    assert result.returncode == 0 and (tmp_path / "ran").read_text() == "3" and len(before) == 3
+
+
+def test_an_exit_crash_every_time_is_returned_after_the_last_run(tmp_path):
+    from parallel_course.launch import EXIT_CRASH, run_bounded_retrying_exit_crash
+
+    script = _script_failing_first(tmp_path, EXIT_CRASH, failures=5)
+    result = run_bounded_retrying_exit_crash([sys.executable, str(script)], timeout=30, attempts=2)
+    assert result.returncode == 134 and EXIT_CRASH in result.stderr and (tmp_path / "ran").read_text() == "2"
+    with pytest.raises(ValueError, match="attempts"):
+        run_bounded_retrying_exit_crash([sys.executable, str(script)], timeout=30, attempts=0)
 
 
 def test_other_failures_are_not_run_again(tmp_path):
-    from parallel_course.launch import run_bounded_once_more_on_exit_crash
+    from parallel_course.launch import run_bounded_retrying_exit_crash
 
     script = _script_failing_first(tmp_path, "ValueError: a real bug")
-    result = run_bounded_once_more_on_exit_crash([sys.executable, str(script)], timeout=30)
+    result = run_bounded_retrying_exit_crash([sys.executable, str(script)], timeout=30)
     assert result.returncode == 134 and (tmp_path / "ran").read_text() == "1"
 
 
