@@ -172,3 +172,19 @@ def test_with_busy_core_runs_the_command_and_stops_its_hog():
     hog = int(result.stdout.split("pids ")[1].split(")")[0])
     assert str(hog) in result.stdout.splitlines()[-1], "the hog runs beside the command"
     assert not psutil.pid_exists(hog) or psutil.Process(hog).status() == psutil.STATUS_ZOMBIE
+
+
+def test_torchrun_passes_before_each_to_every_run(tmp_path, monkeypatch):
+    from parallel_course import launch
+
+    seen = {}
+
+    def fake(cmd, timeout, **kwargs):
+        seen.update(kwargs)
+        return subprocess.CompletedProcess(cmd, 0, "ok\n", "")
+
+    monkeypatch.setattr(launch, "run_bounded_retrying_exit_crash", fake)
+    script = tmp_path / "job.py"
+    script.write_text("print('ok')\n")
+    hook = lambda: None  # noqa: E731
+    assert launch.torchrun(str(script), before_each=hook) == "ok\n" and seen["before_each"] is hook

@@ -130,14 +130,23 @@ def unfinished(script: str | Path) -> Path | None:
     return None
 
 
-def torchrun(script: str, *args: str, world_size: int = 2, timeout: float = 60, max_restarts: int = 0) -> str:
+def torchrun(
+    script: str,
+    *args: str,
+    world_size: int = 2,
+    timeout: float = 60,
+    max_restarts: int = 0,
+    before_each: Callable[[], None] | None = None,
+) -> str:
     """Run ``torchrun --standalone --nproc_per_node=world_size [--max-restarts=N] script args...``, bounded.
 
     For check cells, where a failure must fail the cell (``!torchrun`` never does): prints and
     returns the workers' standard output; raises ``LaunchFailed`` with the end of their error
     output if the job fails, or ``NotImplementedError`` if a ``# YOUR CODE HERE`` stub is still to
     be written: at once when the script or a module beside it still has one (no launch needed to
-    know it will fail), else when the workers failed on one.
+    know it will fail), else when the workers failed on one. A run that dies of gloo's exit crash
+    is run again (``run_bounded_retrying_exit_crash``); ``before_each()`` runs before every run:
+    for a job that appends to or resumes from its output folder, empty it there.
     """
     stub = unfinished(script)
     if stub is not None:
@@ -152,7 +161,7 @@ def torchrun(script: str, *args: str, world_size: int = 2, timeout: float = 60, 
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
-        result = run_bounded_retrying_exit_crash(cmd, timeout=timeout, env=env)
+        result = run_bounded_retrying_exit_crash(cmd, timeout=timeout, env=env, before_each=before_each)
     except subprocess.TimeoutExpired:
         raise LaunchFailed(f"{script} did not finish within {timeout:g} s (hung collective?)") from None
     sys.stdout.write(result.stdout)
