@@ -1,7 +1,8 @@
 """scripts/cluster/: the SLURM batch script and the Kubernetes manifest (chapter 10).
 
 No cluster here, so:
-- the batch script passes ``bash -n`` and runs end to end with stand-ins for ``srun`` and
+- the batch script passes ``bash -n``, takes the first node's name without breaking a slow
+  ``scontrol`` (SIGPIPE under ``pipefail``), and runs end to end with stand-ins for ``srun`` and
   ``scontrol``: two emulated nodes on this machine (one torchrun agent each, c10d rendezvous,
   CPU and gloo: the nodes share this machine's GPUs, if any, so they are hidden), training
   ``scripts/train_ddp.py`` to the weights a one-process run reaches;
@@ -82,6 +83,28 @@ def test_batch_script_runs_the_course_command():
     assert re.search(r"(?m)^export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1$", SBATCH.read_text()), (
         "restarts on several nodes need a fresh store every rendezvous round"
     )
+
+
+# A scontrol that takes its time between names, as one listing a large allocation may: a reader that
+# stops after the first name (`| head -n 1`) kills it with SIGPIPE, which pipefail makes fatal.
+SLOW_SCONTROL = """#!/bin/bash
+echo node-a; sleep 0.5; echo node-b; echo node-c
+"""
+
+
+def test_batch_script_takes_the_first_node_without_killing_scontrol(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", "#!/bin/bash\necho srun started\n"), ("scontrol", SLOW_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IXUSR)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_NNODES="3")
+    env.update(
+        SLURM_JOB_NODELIST="node-[a-c]", SLURM_JOB_NAME="train-ddp", CKPT_DIR=str(tmp_path), OUT_DIR=str(tmp_path)
+    )
+    result = run_bounded(["bash", str(SBATCH)], timeout=60, cwd=ROOT, env=env)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    assert "3 nodes x 8 processes, rendezvous at node-a:20007" in result.stdout and "srun started" in result.stdout
 
 
 def free_port_for_job_id():
