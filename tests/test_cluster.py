@@ -85,6 +85,16 @@ def test_batch_script_runs_the_course_command():
     )
 
 
+def stand_ins(tmp_path, **scripts):
+    """A folder of executable stand-ins (name -> script text) to put first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IXUSR)
+    return bin_dir
+
+
 # A scontrol that takes its time between names, as one listing a large allocation may: a reader that
 # stops after the first name (`| head -n 1`) kills it with SIGPIPE, which pipefail makes fatal.
 SLOW_SCONTROL = """#!/bin/bash
@@ -93,11 +103,7 @@ echo node-a; sleep 0.5; echo node-b; echo node-c
 
 
 def test_batch_script_takes_the_first_node_without_killing_scontrol(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("srun", "#!/bin/bash\necho srun started\n"), ("scontrol", SLOW_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IXUSR)
+    bin_dir = stand_ins(tmp_path, srun="#!/bin/bash\necho srun started\n", scontrol=SLOW_SCONTROL)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_NNODES="3")
     env.update(
         SLURM_JOB_NODELIST="node-[a-c]", SLURM_JOB_NAME="train-ddp", CKPT_DIR=str(tmp_path), OUT_DIR=str(tmp_path)
@@ -126,11 +132,7 @@ def free_port_for_job_id():
 
 
 def test_batch_script_runs_end_to_end_on_two_emulated_nodes(tmp_path, train_ddp):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IXUSR)
+    bin_dir = stand_ins(tmp_path, srun=SRUN, scontrol=SCONTROL)
     port, job_id = free_port_for_job_id()
     env = {
         k: v
