@@ -21,6 +21,7 @@ alpha is the fixed cost of one all-reduce, beta the bus bandwidth it tends to fo
 both times the two, alternating them size by size so that both see the same machine load.
 """
 import argparse
+import gc
 import json
 import os
 import re
@@ -240,9 +241,11 @@ def main():
                      f"results checked: {'OK' if ok.item() else 'WRONG'}"
                      + (f", wrote {args.json}" if args.json else "")]
         sys.stdout.write("\n".join(lines) + "\n")
-    dist.destroy_process_group()
-    sys.exit(0 if ok.item() else 1)
+    return 0 if ok.item() else 1
 
 
 if __name__ == "__main__":
-    main()
+    exit_code = main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    sys.exit(exit_code)

@@ -1,24 +1,13 @@
 """The six collectives, each printed before -> after in rank order from rank 0."""
 import argparse
-import os
+import gc
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-
-def setup():
-    local_rank = int(os.environ["LOCAL_RANK"])
-    local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return backend, device
+from c03_torchrun_environment import setup  # the block taught above (beside this file)
 
 
 def show(title, text):
@@ -93,8 +82,9 @@ def main():
         path.write_text("data prepared by rank 0")
     dist.barrier()
     show("barrier()", f"reads {path.read_text()!r}")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

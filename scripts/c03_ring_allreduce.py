@@ -1,24 +1,13 @@
 """Ring all-reduce with isend/irecv vs passing whole tensors vs dist.all_reduce."""
 import argparse
-import os
+import gc
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-
-def setup():
-    local_rank = int(os.environ["LOCAL_RANK"])
-    local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return backend, device
+from c03_torchrun_environment import setup  # the block taught above (beside this file)
 
 
 def exchange(send_buf, recv_buf, right, left):
@@ -108,8 +97,9 @@ def main():
             lines.append(f"{name} vs dist.all_reduce on every rank: max |difference| <= {atol:g}: {ok}")
         lines.append("median time: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in seconds.items()))
         sys.stdout.write("\n".join(lines) + "\n")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

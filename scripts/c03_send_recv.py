@@ -1,29 +1,11 @@
 """Point to point: send/recv, isend/irecv round a ring, and the deadlock of blocking sends."""
-import os
-import sys
+import gc
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-
-def setup():
-    local_rank = int(os.environ["LOCAL_RANK"])
-    local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return backend, device
-
-
-def print_in_rank_order(text):
-    texts = [None] * dist.get_world_size()
-    dist.all_gather_object(texts, text)
-    if dist.get_rank() == 0:
-        sys.stdout.write("\n".join(texts) + "\n")
+from c03_torchrun_environment import print_in_rank_order, setup  # the block taught above (beside this file)
 
 
 def main():
@@ -65,8 +47,9 @@ def main():
     else:  # a hung NCCL operation ends the process instead: do not try it
         text = "skipped on nccl"
     print_in_rank_order(f"all send first: rank {rank} {text}")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

@@ -1,4 +1,5 @@
 """Who am I? The environment torchrun gives each process, and what seeding does per rank."""
+import gc
 import os
 import sys
 from datetime import timedelta
@@ -43,8 +44,9 @@ def main():
     per_rank = torch.rand(3)
     print_in_rank_order(f"rank {rank}: manual_seed(0) -> {[round(v, 4) for v in same.tolist()]}   "
                         f"manual_seed(0 + rank) -> {[round(v, 4) for v in per_rank.tolist()]}")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

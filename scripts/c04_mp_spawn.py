@@ -1,10 +1,12 @@
 """train_ddp.py launched with mp.spawn, not torchrun: python c04_mp_spawn.py --out work/spawn.
 
 The arguments go to train_ddp.py unchanged; this file only does the launcher's job."""
+import gc
 import os
 import socket
 import sys
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import train_ddp  # the script next to this one: its main() is the training
@@ -24,6 +26,8 @@ def worker(local_rank, nprocs, argv):  # mp.spawn passes the process index first
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
                       WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs))
     train_ddp.main(argv)
+    gc.collect()  # as train_ddp.py's own __main__ block does: free what main() left on the group,
+    dist.destroy_process_group()  # then leave it, while Python still runs
 
 
 if __name__ == "__main__":

@@ -156,5 +156,5 @@ def main():
 
 if __name__ == "__main__":
     main()
-    gc.collect()  # main()'s DDP/FSDP objects are gone: the group is released here, not at exit,
-    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

@@ -10,6 +10,7 @@ a JSON file: {"orders": [[["F", 0], ...], ...]}, one list per stage), checks the
 against the unsplit model, and writes each stage's busy intervals to DIR/c07_pipeline_executor.json.
 """
 import argparse
+import gc
 import json
 import os
 import socket
@@ -222,8 +223,9 @@ def main():
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "c07_pipeline_executor.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

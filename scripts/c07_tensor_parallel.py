@@ -133,7 +133,7 @@ def main():
 
 
 if __name__ == "__main__":
-    code = main()
-    gc.collect()  # main()'s DTensor modules are gone: the group is released here, not at exit,
-    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
-    sys.exit(code)
+    exit_code = main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    sys.exit(exit_code)

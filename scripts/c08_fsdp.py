@@ -78,10 +78,11 @@ def main():
                for p, q in zip(model.parameters(), reference.parameters()))
     print0(f"after {args.steps} steps, FSDP weights vs one process on the whole batch: "
            f"{'PASS' if diff <= atol else 'FAIL'} max |difference| <= {atol:g}")
-    sys.exit(0 if diff <= atol else 1)
+    return 0 if diff <= atol else 1
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main()'s DDP/FSDP objects are gone: the group is released here, not at exit,
-    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
+    exit_code = main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    sys.exit(exit_code)

@@ -116,10 +116,11 @@ def main():
         print0(f"3. CPUOffloadPolicy: sharded weights live on {where.type}, compute on {device.type}")
     except RuntimeError as error:
         print0(f"3. CPUOffloadPolicy on this machine: {type(error).__name__}: {error}")
-    sys.exit(0 if diff <= atol and same_weights and same_after_step else 1)
+    return 0 if diff <= atol and same_weights and same_after_step else 1
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main()'s DDP/FSDP objects are gone: the group is released here, not at exit,
-    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
+    exit_code = main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    sys.exit(exit_code)

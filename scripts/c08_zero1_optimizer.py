@@ -132,10 +132,11 @@ def main():
     worst = max(per_rank(diff))
     print0(f"after {args.steps} steps, ZeRO-1 weights vs DDP + Adam weights (all ranks): "
            f"{'PASS' if worst <= atol else 'FAIL'} max |difference| <= {atol:g}")
-    sys.exit(0 if worst <= atol else 1)
+    return 0 if worst <= atol else 1
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main()'s DDP/FSDP objects are gone: the group is released here, not at exit,
-    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
+    exit_code = main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    sys.exit(exit_code)

@@ -14,6 +14,7 @@ stale-store: attempt 0 joins a process group and crashes; attempt 1 finds attemp
 """
 import argparse
 import faulthandler
+import gc
 import os
 import re
 import sys
@@ -105,8 +106,10 @@ def main():
         mismatch(rank, device)
     else:
         stuck(rank, backend, args.out_dir)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    if dist.is_initialized():  # stale-store's second attempt never joins a group
+        gc.collect()  # main() has returned: free what it built on the group,
+        dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

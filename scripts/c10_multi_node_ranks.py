@@ -8,6 +8,7 @@ Run the same command on every node. Rank 0 prints one table for the whole job. W
 (--nnodes=MIN:MAX): torchrun then stops it and starts a bigger one.
 """
 import argparse
+import gc
 import os
 import sys
 import time
@@ -60,8 +61,9 @@ def main():
         lines += [f"(one process per GPU: on every node {gpus})",
                   f"TORCHELASTIC_RESTART_COUNT on every process: {sorted(set(counts))}"]
         sys.stdout.write("\n".join(lines) + "\n")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 from datetime import timedelta
@@ -31,8 +32,9 @@ def main():
         sys.stdout.write(f"backend={backend} device={device.type}\n" + "\n".join(lines) + "\n")
         ok = all(f"gave {expected:g} " in line for line in lines)
         sys.stdout.write("OK: every rank holds the sum\n" if ok else "MISMATCH\n")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

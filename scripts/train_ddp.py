@@ -227,10 +227,9 @@ def main(argv=None):
     if rank == 0:
         sys.stdout.write(f"rank 0 wrote {args.out / 'final.pt'} and metrics.json; "
                          f"{int(agree.item())} of {world_size} ranks reloaded it: equal to their replica\n")
-    del ddp_model, model, optimizer  # DDP holds the group: release it here, not at exit, where
-    gc.collect()  # gloo's threads torn down during interpreter shutdown can abort the process
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

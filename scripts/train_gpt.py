@@ -233,10 +233,9 @@ def main(argv=None):
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
         sys.stdout.write(f"wrote {args.out / 'metrics.json'} and final.pt; each rank stores "
                          f"{metrics['local_parameters']} of {total:,} parameter elements\n")
-    del step_fn, model, full
-    gc.collect()  # DDP and FSDP hold the group: release them before it goes
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

@@ -18,7 +18,7 @@ import pytest
 
 from helpers import load_script
 from parallel_course import perf
-from parallel_course.launch import run_bounded_retrying_exit_crash
+from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 ALLREDUCE = ROOT / "scripts" / "bench_allreduce.py"
@@ -36,7 +36,7 @@ def launch(script, nproc, *args, timeout=90):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    return run_bounded_retrying_exit_crash(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
+    return run_bounded(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
 
 
 TINY_ALLREDUCE = ["--min-bytes", "1K", "--max-bytes", "16K", "--factor", "4", "--warmup", "1", "--iters", "3"]

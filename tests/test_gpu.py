@@ -40,7 +40,7 @@ from torch.nn import functional as F
 
 from parallel_course import data_parallel as dp
 from parallel_course.input_pipeline import host_to_device_seconds
-from parallel_course.launch import run_bounded_retrying_exit_crash
+from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -92,7 +92,7 @@ def launch(cmd: list, cwd: Path, timeout: float, **extra_env) -> subprocess.Comp
         if var not in extra_env:
             env.pop(var, None)
     try:
-        return run_bounded_retrying_exit_crash([str(c) for c in cmd], timeout=timeout, cwd=cwd, env=env)
+        return run_bounded([str(c) for c in cmd], timeout=timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(
             f"{' '.join(map(str, cmd))} did not finish within {timeout} s; its last words:\n{(e.stderr or '')[-3000:]}"

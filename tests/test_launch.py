@@ -91,9 +91,7 @@ def test_torchrun_does_not_launch_a_lab_script_with_a_stub(tmp_path, monkeypatch
     """A lab's stub, in the script or a module beside it that it imports: no launch, at once."""
     from parallel_course import launch
 
-    monkeypatch.setattr(
-        launch, "run_bounded_retrying_exit_crash", lambda *a, **k: pytest.fail("launched a script that cannot work yet")
-    )
+    monkeypatch.setattr(launch, "run_bounded", lambda *a, **k: pytest.fail("launched a script that cannot work yet"))
     (tmp_path / "mine.py").write_text("def f():\n    # YOUR CODE HERE\n    raise NotImplementedError()\n")
     (tmp_path / "check.py").write_text("import os\n\nfrom mine import f\n\nf()\n")
     with pytest.raises(NotImplementedError, match="mine.py still has code to write"):
@@ -119,49 +117,6 @@ def test_torchrun_restarts_the_job_when_asked(tmp_path):
         torchrun(str(script), max_restarts=-1)
 
 
-def _script_failing_first(tmp_path, message, failures=1):
-    """A script that writes `message` to stderr and fails on its first `failures` runs."""
-    script = tmp_path / "job.py"
-    script.write_text(
-        "import os, sys\n"
-        f"flag = {str(tmp_path / 'ran')!r}\n"
-        "runs = int(open(flag).read()) + 1 if os.path.exists(flag) else 1\n"
-        "open(flag, 'w').write(str(runs))\n"
-        "print('done')\n"
-        f"if runs <= {failures}:\n    sys.stderr.write({message!r} + '\\n')\n    sys.exit(134)\n"
-    )
-    return script
-
-
-def test_the_known_exit_crash_is_run_again_up_to_three_runs(tmp_path):
-    from parallel_course.launch import EXIT_CRASH, run_bounded_retrying_exit_crash
-
-    before = []
-    script = _script_failing_first(tmp_path, EXIT_CRASH, failures=2)
-    result = run_bounded_retrying_exit_crash(
-        [sys.executable, str(script)], timeout=30, before_each=lambda: before.append(1)
-    )
-    assert result.returncode == 0 and (tmp_path / "ran").read_text() == "3" and len(before) == 3
-
-
-def test_an_exit_crash_every_time_is_returned_after_the_last_run(tmp_path):
-    from parallel_course.launch import EXIT_CRASH, run_bounded_retrying_exit_crash
-
-    script = _script_failing_first(tmp_path, EXIT_CRASH, failures=5)
-    result = run_bounded_retrying_exit_crash([sys.executable, str(script)], timeout=30, attempts=2)
-    assert result.returncode == 134 and EXIT_CRASH in result.stderr and (tmp_path / "ran").read_text() == "2"
-    with pytest.raises(ValueError, match="attempts"):
-        run_bounded_retrying_exit_crash([sys.executable, str(script)], timeout=30, attempts=0)
-
-
-def test_other_failures_are_not_run_again(tmp_path):
-    from parallel_course.launch import run_bounded_retrying_exit_crash
-
-    script = _script_failing_first(tmp_path, "ValueError: a real bug")
-    result = run_bounded_retrying_exit_crash([sys.executable, str(script)], timeout=30)
-    assert result.returncode == 134 and (tmp_path / "ran").read_text() == "1"
-
-
 def test_with_busy_core_runs_the_command_and_stops_its_hog():
     tool = Path(__file__).resolve().parent.parent / "tools" / "with_busy_core.py"
     code = "import os, psutil; print(sorted(c.pid for c in psutil.Process(os.getppid()).children()))"
@@ -174,17 +129,51 @@ def test_with_busy_core_runs_the_command_and_stops_its_hog():
     assert not psutil.pid_exists(hog) or psutil.Process(hog).status() == psutil.STATUS_ZOMBIE
 
 
-def test_torchrun_passes_before_each_to_every_run(tmp_path, monkeypatch):
-    from parallel_course import launch
+# torchrun's report of a job in which rank 1 raised and rank 0, waiting in a collective, lost it.
+REPORT = """\
+[rank1]: RuntimeError: injected failure: rank 1 in step 14
+E1125 12:51:28.891000 14829 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train_ddp.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-25_12:51:28
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 14833)  (SIGTERM)
+  error_file: /tmp/torchelastic_91t4ewz3/cceb85d7_dpugwo4y/attempt_0/0/error.json
+  traceback : Traceback (most recent call last):
+      loss.backward()
+  RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:40886.
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_12:51:28
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 14834)
+  error_file: /tmp/torchelastic_91t4ewz3/cceb85d7_dpugwo4y/attempt_0/1/error.json
+  traceback : Traceback (most recent call last):
+      raise RuntimeError(f"injected failure: rank {rank} in step {step}")
+  RuntimeError: injected failure: rank 1 in step 14
+============================================================
+"""
 
-    seen = {}
 
-    def fake(cmd, timeout, **kwargs):
-        seen.update(kwargs)
-        return subprocess.CompletedProcess(cmd, 0, "ok\n", "")
+def test_failed_ranks_reads_every_entry_of_torchruns_report():
+    from parallel_course.launch import failed_ranks
 
-    monkeypatch.setattr(launch, "run_bounded_retrying_exit_crash", fake)
-    script = tmp_path / "job.py"
-    script.write_text("print('ok')\n")
-    hook = lambda: None  # noqa: E731
-    assert launch.torchrun(str(script), before_each=hook) == "ok\n" and seen["before_each"] is hook
+    found = failed_ranks(REPORT)
+    assert sorted(found) == [0, 1]
+    assert found[1] == [
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : 1 (pid: 14834)",
+        "  error_file: .../attempt_0/1/error.json",
+        "  traceback : Traceback (most recent call last):",
+        '      raise RuntimeError(f"injected failure: rank {rank} in step {step}")',
+        "  RuntimeError: injected failure: rank 1 in step 14",
+    ]
+    assert "Connection closed by peer" in found[0][-1] and not any("time " in line for line in found[0])
+    assert failed_ranks("no report here") == {}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import load_script
-from parallel_course.launch import run_bounded_retrying_exit_crash
+from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
@@ -33,7 +33,7 @@ def launch(nproc, *args, timeout=90):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(var, None)
-    return run_bounded_retrying_exit_crash(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
+    return run_bounded(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
 
 
 @pytest.fixture(scope="module")

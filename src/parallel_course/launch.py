@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 WORK_DIR = "work"  # git-ignored: every file a notebook writes goes here
@@ -81,31 +80,6 @@ def _kill_group(pgid: int) -> None:
             pass
 
 
-# A worker that has finished its work can still die at exit with this libstdc++ message (gloo's
-# threads torn down during interpreter shutdown, after destroy_process_group(): upstream, not a
-# bug of the script). Measured on a 2-core machine: 1 in 6 to 1 in 9 runs of lab 08's 3-rank check.
-EXIT_CRASH = "terminate called without an active exception"
-
-
-def run_bounded_retrying_exit_crash(
-    cmd: list[str], timeout: float, attempts: int = 3, before_each: Callable[[], None] | None = None, **kwargs
-):
-    """``run_bounded``, run again (``attempts`` runs at most) only while it dies of ``EXIT_CRASH``.
-
-    ``before_each()``, if given, runs before every run: for a job that appends to its output
-    folder, empty it there. Any other failure is returned as it is, at once.
-    """
-    if attempts < 1:
-        raise ValueError(f"attempts must be at least 1, got {attempts}")
-    for _ in range(attempts):
-        if before_each is not None:
-            before_each()
-        result = run_bounded(cmd, timeout=timeout, **kwargs)
-        if result.returncode == 0 or EXIT_CRASH not in result.stderr:
-            break
-    return result
-
-
 class LaunchFailed(RuntimeError):
     """A torchrun launch exited with an error; the message ends with the workers' last lines."""
 
@@ -130,23 +104,14 @@ def unfinished(script: str | Path) -> Path | None:
     return None
 
 
-def torchrun(
-    script: str,
-    *args: str,
-    world_size: int = 2,
-    timeout: float = 60,
-    max_restarts: int = 0,
-    before_each: Callable[[], None] | None = None,
-) -> str:
+def torchrun(script: str, *args: str, world_size: int = 2, timeout: float = 60, max_restarts: int = 0) -> str:
     """Run ``torchrun --standalone --nproc_per_node=world_size [--max-restarts=N] script args...``, bounded.
 
     For check cells, where a failure must fail the cell (``!torchrun`` never does): prints and
     returns the workers' standard output; raises ``LaunchFailed`` with the end of their error
     output if the job fails, or ``NotImplementedError`` if a ``# YOUR CODE HERE`` stub is still to
     be written: at once when the script or a module beside it still has one (no launch needed to
-    know it will fail), else when the workers failed on one. A run that dies of gloo's exit crash
-    is run again (``run_bounded_retrying_exit_crash``); ``before_each()`` runs before every run:
-    for a job that appends to or resumes from its output folder, empty it there.
+    know it will fail), else when the workers failed on one.
     """
     stub = unfinished(script)
     if stub is not None:
@@ -161,7 +126,7 @@ def torchrun(
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
-        result = run_bounded_retrying_exit_crash(cmd, timeout=timeout, env=env, before_each=before_each)
+        result = run_bounded(cmd, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise LaunchFailed(f"{script} did not finish within {timeout:g} s (hung collective?)") from None
     sys.stdout.write(result.stdout)
@@ -173,3 +138,18 @@ def torchrun(
         tail = "\n".join([line for line in worker_err.splitlines() if line.strip()][-10:])
         raise LaunchFailed(f"{script} failed with exit code {result.returncode}:\n{tail}")
     return result.stdout
+
+
+def failed_ranks(report: str) -> dict[int, list[str]]:
+    """The entries of torchrun's failure report (what it writes to stderr when a job fails), one per
+    failed rank: rank -> the entry's lines without its time and host, the error file's path cut to
+    ``.../attempt_N/R/error.json``. Empty if the text has no report."""
+    found = {}
+    for entry in re.split(r"(?m)^\[\d+\]:\n", report.split("Failures:", 1)[-1])[1:]:
+        lines = [
+            re.sub(r"error_file: /\S+/(attempt_\d+/\d+/error\.json)", r"error_file: .../\1", line.rstrip())
+            for line in entry.splitlines()
+            if line.strip() and not re.match(r"[-=]+$|Root Cause|\s+(time|host)\s+:", line)
+        ]
+        found[int(re.search(r"rank\s+: (\d+)", entry).group(1))] = lines
+    return found
