@@ -36,3 +36,16 @@ def test_plot_memory_by_layout_draws_one_bar_per_part_and_layout():
     assert len(ax.patches) == len(MEMORY_PARTS) * len(runs)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["single (1)", "fsdp (2)"]
     assert sorted(p.get_height() for p in ax.patches)[-1] == 4.0  # kB
+
+
+def test_plot_learning_draws_the_loss_of_every_step_and_the_share_solved_in_percent():
+    from matplotlib.figure import Figure
+
+    from parallel_course.runs import plot_learning
+
+    axes = Figure().subplots(1, 2)
+    plot_learning(axes, [2.5, 1.0, 0.1], {25: 0.1, 50: 0.95})
+    (loss,), (solved,) = axes[0].get_lines(), axes[1].get_lines()
+    assert list(loss.get_xdata()) == [1, 2, 3] and list(loss.get_ydata()) == [2.5, 1.0, 0.1]
+    assert axes[0].get_yscale() == "log"
+    assert list(solved.get_xdata()) == [25, 50] and list(solved.get_ydata()) == [10.0, 95.0]

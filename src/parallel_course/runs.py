@@ -40,3 +40,13 @@ def plot_memory_by_layout(ax, runs: dict[str, dict], rank: int = 0) -> None:
     )
     ax.set(ylabel=f"kB on rank {rank}", title="What one rank holds, by layout (processes in brackets)")
     ax.legend(fontsize=8)
+
+
+def plot_learning(axes, losses: list[float], solved: dict[int, float]) -> None:
+    """Two panels on ``axes``: the loss of every step (log scale), and the share of unseen problems
+    solved (``solved``: step -> fraction), in percent."""
+    loss_ax, solved_ax = axes
+    loss_ax.semilogy(range(1, len(losses) + 1), losses)
+    loss_ax.set(xlabel="step", title="loss over the answer digits")
+    solved_ax.plot(list(solved), [100 * s for s in solved.values()], "o-", markersize=3)
+    solved_ax.set(xlabel="step", ylim=(0, 105), title="unseen problems solved (%)")
