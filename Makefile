@@ -45,8 +45,9 @@ lab: $(STAMP)
 	  --IdentityProvider.token=$$TOKEN $$ROOT --KernelManager.transport_encryption=auto \
 	  --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks/00_setup_check.ipynb
 
+# Two workers (pytest-xdist; conftest.py says how the work is split and why).
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadgroup --no-loadscope-reorder
 
 # The nccl paths the CPU suite cannot reach (tests/test_gpu.py; -rs prints why a test skipped).
 test-gpu: $(STAMP)

@@ -1,15 +1,17 @@
 """Suite-wide pytest hooks.
 
-- Every process the suite starts inherits ``PARALLEL_COURSE_TEST_RUN``; the aftermath tests
-  (run last) look for survivors by that mark, orphans included.
+- ``make test`` runs the suite in two worker processes (pytest-xdist, ``-n auto``: at most 2):
+  each test file and notebook is one unit of work, run whole by one worker; files that share
+  names in one ``work/`` folder form one unit, run in order (``SHARED_WORK``).
+- Every process the suite starts inherits ``PARALLEL_COURSE_TEST_RUN``, orphans included.
 - An interrupted run leaves nothing behind: on SIGTERM (a CI time-out), SIGHUP or Ctrl-C, and
   at the end of every run, each process carrying this run's mark is killed. Launches run in
   sessions of their own (so that a time-out can kill a launcher with its workers), and notebook
   kernels too, so a signal to the suite's process group alone would not reach them.
-- The git status at the start is kept, so the aftermath tests can tell whether the suite left
-  files behind.
-- Cheap tests run first: the lint, unit tests, then notebooks, then the launch-heavy test
-  files; the aftermath checks last.
+- The aftermath, once every test has run (and every worker has stopped): the suite must leave
+  no process and no file behind. A survivor or a changed working tree fails the run.
+- Cheap tests are handed out first: the lint, unit tests, then notebooks, then the launch-heavy
+  test files.
 - At the end, the time of every test file and notebook is printed, slowest last.
 """
 
@@ -22,12 +24,22 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent
 # The authoring tools (labs from solutions, script export) live in tools/, outside the package
 # students import; the tests that check them import them from there.
 sys.path.insert(0, str(ROOT / "tools"))
 RUN_MARK = "PARALLEL_COURSE_TEST_RUN"
-AFTERMATH = "tests/test_zz_aftermath.py"
+# Files that write the same names into one work/ folder: one unit of work, run in this order.
+# 04 and 09 each write their own version of notebooks/work/train_ddp.py; test_rerun.py runs 09
+# again there, after the suite's own run of it.
+SHARED_WORK = (
+    "notebooks/04_distributed_data_parallel.ipynb",
+    "notebooks/09_fault_tolerance_and_debugging.ipynb",
+    "tests/test_rerun.py",
+)
+MAX_WORKERS = 2  # what the suite is tested with: a 2-core CI machine, one core of it busy or not
 # Cheap checks of the whole checkout: first, so that a lint error shows in seconds.
 EARLY = ("tests/test_lint.py",)
 # Test files that launch many jobs (torchrun, JupyterLab, a browser): after the notebooks.
@@ -97,24 +109,82 @@ def _stop_on_signal(signum, frame):
     raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
 
 
+def is_worker(config) -> bool:
+    """True in a pytest-xdist worker; False in the process that runs the session (or the only one)."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_configure(config):
-    os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
+    os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)  # set before the workers start: they inherit it
     config.stash_git_status = git_status()
-    config.stash_start = time.time()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _stop_on_signal)
 
 
+def pytest_xdist_auto_num_workers(config):
+    return min(MAX_WORKERS, os.cpu_count() or 1)
+
+
 def pytest_unconfigure(config):
-    # Runs after a normal end and after Ctrl-C alike. In a normal run the aftermath test has
-    # already failed on any survivor; this only makes sure nothing is left either way.
-    kill_marked_processes(os.environ[RUN_MARK])
+    # Runs after a normal end and after Ctrl-C alike. In a normal run the aftermath has already
+    # failed the run on any survivor; this only makes sure nothing is left either way. Never in a
+    # worker: a worker that finishes first would kill the other and the session.
+    if not is_worker(config):
+        kill_marked_processes(os.environ[RUN_MARK])
+
+
+def aftermath_problems(git_status_before: str | None) -> list[str]:
+    """What the finished suite left behind: processes carrying its mark (given 15 s to end), and
+    changes to the working tree (when the checkout is a git one)."""
+    import psutil
+
+    def alive(proc):
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + 15  # kernels and workers get a moment to shut down
+    left = [p for p in marked_processes(os.environ[RUN_MARK]) if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = [p for p in left if alive(p)]
+    problems = []
+    for proc in left:
+        try:
+            command = " ".join(proc.cmdline())[:120]
+            proc.kill()  # never leave it running
+        except psutil.Error:
+            continue
+        problems.append(f"a process started by the suite is still alive: pid {proc.pid}: {command}")
+    after = git_status()
+    if git_status_before is not None and after != git_status_before:
+        problems.append(
+            "the suite changed the working tree (write into a git-ignored place such as work/):\n"
+            f"before:\n{git_status_before or '(clean)'}\nafter:\n{after or '(clean)'}"
+        )
+    return problems
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session, exitstatus):
+    # After every other sessionfinish hook: pytest-xdist's has stopped the workers by then.
+    result = yield
+    if is_worker(session.config) or exitstatus == pytest.ExitCode.INTERRUPTED:
+        return result
+    problems = aftermath_problems(session.config.stash_git_status)
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.section("aftermath: the suite left something behind", sep="=", red=True)
+            for problem in problems:
+                reporter.write_line("FAILED " + problem)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result
 
 
 def _rank(item) -> int:
     path = item.nodeid.split("::", 1)[0]
-    if path.startswith(AFTERMATH):
-        return 3
     if path.startswith(EARLY):
         return -1
     if path.startswith(HEAVY):
@@ -124,11 +194,16 @@ def _rank(item) -> int:
     return 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=_rank)  # stable: the order inside each group is kept
+    for item in items:  # pytest-xdist (--dist loadgroup): one unit of work per file, or per SHARED_WORK
+        path = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group("shared-work" if path in SHARED_WORK else path))
 
 
 def pytest_runtest_logreport(report):
+    # In the session's process, reports from the workers too; the part after "@" is the xdist group.
     _seconds_per_file[report.nodeid.split("::", 1)[0]] += report.duration
 
 

@@ -231,5 +231,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    if dist.is_initialized():  # not after --help, which @record turns into a plain return
+        gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
+        dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)

@@ -141,3 +141,43 @@ def test_interrupting_a_cell_stops_its_torchrun(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_run_that_leaves_a_process_behind_fails(tmp_path):
+    """The aftermath (conftest.py): a test that starts a process and forgets it fails the run, though
+    every test passed, and the process is stopped."""
+    from parallel_course.launch import run_bounded
+
+    (tmp_path / "test_forgets_a_process.py").write_text(
+        textwrap.dedent("""\
+        import subprocess, sys
+
+        def test_starts_a_process_and_forgets_it():
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        """)
+    )
+    env, mark = fresh_env(tmp_path)
+    result = run_bounded(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(tmp_path),
+            "-q",
+            "test_forgets_a_process.py",
+        ],
+        timeout=180,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 1 and "1 passed" in result.stdout, result.stdout[-3000:]
+    assert "aftermath: the suite left something behind" in result.stdout, result.stdout[-3000:]
+    assert "time.sleep(600)" in result.stdout, result.stdout[-3000:]
+    assert_nothing_left(mark)

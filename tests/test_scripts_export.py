@@ -78,7 +78,9 @@ def test_every_script_joins_the_group_with_the_one_setup_block():
             # the canonical one, or the one chapter 03 teaches.
             source = found.group(1) + ".py"
             assert source[:3] == path.name[:3], f"scripts/{path.name} imports setup() from another chapter's {source}"
-            assert source in OWN_SETUP or _functions(ROOT / "scripts" / source).get("setup") == canonical["setup"], source
+            assert source in OWN_SETUP or _functions(ROOT / "scripts" / source).get("setup") == canonical["setup"], (
+                source
+            )
             assert "init_process_group" not in text, f"scripts/{path.name}: imports setup(), joins by hand"
             users.append(path.name)
             continue
