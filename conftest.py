@@ -121,6 +121,7 @@ def pytest_configure(config):
         signal.signal(signum, _stop_on_signal)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown when it is not loaded
 def pytest_xdist_auto_num_workers(config):
     return min(MAX_WORKERS, os.cpu_count() or 1)
 
