@@ -31,6 +31,11 @@ ROOT = Path(__file__).resolve().parent
 # students import; the tests that check them import them from there.
 sys.path.insert(0, str(ROOT / "tools"))
 RUN_MARK = "PARALLEL_COURSE_TEST_RUN"
+# The pid of the session that owns the mark: it alone stops the marked processes and checks the
+# aftermath. A pytest run that a test starts inherits both and owns nothing (it would otherwise
+# stop the suite's own workers when it ends); a test that wants a run of its own gives it a new
+# mark and no owner (tests/test_interrupts.py).
+RUN_OWNER = "PARALLEL_COURSE_TEST_RUN_OWNER"
 # Files that write the same names into one work/ folder: one unit of work, run in this order.
 # 04 and 09 each write their own version of notebooks/work/train_ddp.py; test_rerun.py runs 09
 # again there, after the suite's own run of it.
@@ -103,8 +108,13 @@ def kill_marked_processes(mark: str) -> int:
     return len(procs)
 
 
+def owns_the_run(config) -> bool:
+    return getattr(config, "stash_owns_run", False)
+
+
 def _stop_on_signal(signum, frame):
-    kill_marked_processes(os.environ[RUN_MARK])
+    if _owner:
+        kill_marked_processes(os.environ[RUN_MARK])
     # pytest reports an interrupted run, runs its teardown, and exits non-zero.
     raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
 
@@ -114,8 +124,16 @@ def is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
+_owner = False  # this process owns the run (see RUN_OWNER)
+
+
 def pytest_configure(config):
-    os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)  # set before the workers start: they inherit it
+    global _owner
+    nested = RUN_MARK in os.environ and RUN_OWNER in os.environ  # a worker, or a run a test started
+    _owner = config.stash_owns_run = not nested and not is_worker(config)
+    if _owner:  # set before the workers start: they inherit both
+        os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
+        os.environ[RUN_OWNER] = str(os.getpid())
     config.stash_git_status = git_status()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _stop_on_signal)
@@ -128,9 +146,9 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_unconfigure(config):
     # Runs after a normal end and after Ctrl-C alike. In a normal run the aftermath has already
-    # failed the run on any survivor; this only makes sure nothing is left either way. Never in a
-    # worker: a worker that finishes first would kill the other and the session.
-    if not is_worker(config):
+    # failed the run on any survivor; this only makes sure nothing is left either way. Only in the
+    # owner: a worker that finished first would stop the other, a nested run the whole suite.
+    if owns_the_run(config):
         kill_marked_processes(os.environ[RUN_MARK])
 
 
@@ -171,7 +189,7 @@ def aftermath_problems(git_status_before: str | None) -> list[str]:
 def pytest_sessionfinish(session, exitstatus):
     # After every other sessionfinish hook: pytest-xdist's has stopped the workers by then.
     result = yield
-    if is_worker(session.config) or exitstatus == pytest.ExitCode.INTERRUPTED:
+    if not owns_the_run(session.config) or exitstatus == pytest.ExitCode.INTERRUPTED:
         return result
     problems = aftermath_problems(session.config.stash_git_status)
     if problems:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUN_MARK, marked_processes
+from conftest import RUN_MARK, RUN_OWNER, marked_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -52,6 +52,7 @@ def fresh_env(tmp_path: Path) -> tuple[dict, str]:
     mark = uuid.uuid4().hex  # this inner run's own mark, so only its processes are counted
     env = dict(os.environ, OMP_NUM_THREADS="1", READY_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     env[RUN_MARK] = mark
+    env.pop(RUN_OWNER, None)  # an inner suite of its own, which owns its mark (conftest.py)
     return env, mark
 
 
@@ -66,8 +67,12 @@ def assert_nothing_left(mark: str, spare: set[int] = frozenset()) -> None:
             proc.kill()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_stopping_the_suite_stops_its_launches(tmp_path, signum):
+@pytest.mark.parametrize(
+    "signum, workers",
+    [(signal.SIGTERM, []), (signal.SIGINT, []), (signal.SIGTERM, ["-n", "2", "--dist", "loadgroup"])],
+    ids=["SIGTERM", "SIGINT", "SIGTERM-two-workers"],  # the last as `make test` runs: pytest-xdist
+)
+def test_stopping_the_suite_stops_its_launches(tmp_path, signum, workers):
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     (tmp_path / "test_launch_and_wait.py").write_text(
         textwrap.dedent(f"""\
@@ -93,6 +98,7 @@ def test_stopping_the_suite_stops_its_launches(tmp_path, signum):
             "--rootdir",
             str(tmp_path),
             "-q",
+            *workers,
             "test_launch_and_wait.py",
         ],
         cwd=tmp_path,
