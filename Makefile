@@ -47,7 +47,7 @@ lab: $(STAMP)
 
 # Two workers (pytest-xdist; conftest.py says how the work is split and why).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -n auto --no-loadscope-reorder
 
 # The nccl paths the CPU suite cannot reach (tests/test_gpu.py; -rs prints why a test skipped).
 test-gpu: $(STAMP)

@@ -213,12 +213,27 @@ def _rank(item) -> int:
     return 0
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=_rank)  # stable: the order inside each group is kept
-    for item in items:  # pytest-xdist (--dist loadgroup): one unit of work per file, or per SHARED_WORK
-        path = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group("shared-work" if path in SHARED_WORK else path))
+
+
+def unit_of_work(nodeid: str) -> str:
+    """What one worker runs whole, in order: a test file or notebook, or the SHARED_WORK files."""
+    path = nodeid.split("::", 1)[0]
+    return "shared work/ names" if path in SHARED_WORK else path
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown when it is not loaded
+def pytest_xdist_make_scheduler(config, log):
+    # pytest-xdist's own --dist loadgroup renames the items, and nbval then restarts the kernel
+    # before every cell; a scheduler that only groups them leaves the items as they are.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnitOfWork(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return unit_of_work(nodeid)
+
+    return ByUnitOfWork(config, log)
 
 
 def pytest_runtest_logreport(report):

@@ -67,3 +67,17 @@ def test_make_refuses_an_old_python_with_a_clear_message(tmp_path):
     assert result.returncode != 0
     assert "needs Python 3.11 or newer" in result.stdout
     assert "Python 3.9.18" in result.stdout
+
+
+def test_a_worker_runs_each_file_whole_and_the_files_sharing_work_names_together():
+    """make test's two workers (conftest.py): a notebook's cells in one kernel, in order; 04 and 09
+    write different train_ddp.py into notebooks/work/, and test_rerun.py runs 09 there again."""
+    from conftest import SHARED_WORK, unit_of_work
+
+    assert unit_of_work("notebooks/03_processes_and_collectives.ipynb::Cell 4") == (
+        "notebooks/03_processes_and_collectives.ipynb"
+    )
+    assert unit_of_work("tests/test_launch.py::test_x[a::b]") == "tests/test_launch.py"
+    shared = {unit_of_work(f"{path}::x") for path in SHARED_WORK}
+    assert len(shared) == 1 and shared != {unit_of_work("notebooks/10_multi_node_and_clusters.ipynb::Cell 1")}
+    assert {"notebooks/04_distributed_data_parallel.ipynb", "tests/test_rerun.py"} <= set(SHARED_WORK)

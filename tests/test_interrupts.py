@@ -69,7 +69,7 @@ def assert_nothing_left(mark: str, spare: set[int] = frozenset()) -> None:
 
 @pytest.mark.parametrize(
     "signum, workers",
-    [(signal.SIGTERM, []), (signal.SIGINT, []), (signal.SIGTERM, ["-n", "2", "--dist", "loadgroup"])],
+    [(signal.SIGTERM, []), (signal.SIGINT, []), (signal.SIGTERM, ["-n", "2"])],
     ids=["SIGTERM", "SIGINT", "SIGTERM-two-workers"],  # the last as `make test` runs: pytest-xdist
 )
 def test_stopping_the_suite_stops_its_launches(tmp_path, signum, workers):
