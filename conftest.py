@@ -37,13 +37,11 @@ RUN_MARK = "PARALLEL_COURSE_TEST_RUN"
 # mark and no owner (tests/test_interrupts.py).
 RUN_OWNER = "PARALLEL_COURSE_TEST_RUN_OWNER"
 # Files that write the same names into one work/ folder: one unit of work, run in this order.
-# 04 and 09 each write their own version of notebooks/work/train_ddp.py; test_rerun.py runs 09
-# again there, after the suite's own run of it.
-SHARED_WORK = (
-    "notebooks/04_distributed_data_parallel.ipynb",
-    "notebooks/09_fault_tolerance_and_debugging.ipynb",
-    "tests/test_rerun.py",
-)
+# 04 and 09 each write their own version of notebooks/work/train_ddp.py.
+SHARED_WORK = ("notebooks/04_distributed_data_parallel.ipynb", "notebooks/09_fault_tolerance_and_debugging.ipynb")
+# Runs a notebook again, in its own folder (test_rerun.py): in the unit of that notebook, after it.
+RERUN_TEST = "tests/test_rerun.py::test_a_notebook_passes_twice_in_a_row["
+NOTEBOOKS_RUN: set[str] = set()  # the notebooks whose cells this process has run
 MAX_WORKERS = 2  # what the suite is tested with: a 2-core CI machine, one core of it busy or not
 # Cheap checks of the whole checkout: first, so that a lint error shows in seconds.
 EARLY = ("tests/test_lint.py",)
@@ -218,8 +216,11 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def unit_of_work(nodeid: str) -> str:
-    """What one worker runs whole, in order: a test file or notebook, or the SHARED_WORK files."""
+    """What one worker runs whole, in order: a test file or notebook (with the test that runs it
+    again), or the SHARED_WORK notebooks together."""
     path = nodeid.split("::", 1)[0]
+    if nodeid.startswith(RERUN_TEST):  # [notebooks/NN_name.ipynb]
+        path = nodeid[len(RERUN_TEST) : -1]
     return "shared work/ names" if path in SHARED_WORK else path
 
 
@@ -237,8 +238,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_runtest_logreport(report):
-    # In the session's process, reports from the workers too; the part after "@" is the xdist group.
-    _seconds_per_file[report.nodeid.split("::", 1)[0]] += report.duration
+    # In the session's process, the workers' reports too.
+    path = report.nodeid.split("::", 1)[0]
+    _seconds_per_file[path] += report.duration
+    if path.endswith(".ipynb"):
+        NOTEBOOKS_RUN.add(path)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -70,14 +70,15 @@ def test_make_refuses_an_old_python_with_a_clear_message(tmp_path):
 
 
 def test_a_worker_runs_each_file_whole_and_the_files_sharing_work_names_together():
-    """make test's two workers (conftest.py): a notebook's cells in one kernel, in order; 04 and 09
-    write different train_ddp.py into notebooks/work/, and test_rerun.py runs 09 there again."""
-    from conftest import SHARED_WORK, unit_of_work
+    """make test's two workers (conftest.py): a notebook's cells in one kernel, in order, then the test
+    that runs it again; 04 and 09, which write different train_ddp.py into notebooks/work/, together."""
+    from conftest import RERUN_TEST, SHARED_WORK, unit_of_work
 
-    assert unit_of_work("notebooks/03_processes_and_collectives.ipynb::Cell 4") == (
-        "notebooks/03_processes_and_collectives.ipynb"
-    )
+    lecture = "notebooks/10_multi_node_and_clusters.ipynb"
+    assert unit_of_work(f"{lecture}::Cell 4") == lecture
+    assert unit_of_work(f"{RERUN_TEST}{lecture}]") == lecture
     assert unit_of_work("tests/test_launch.py::test_x[a::b]") == "tests/test_launch.py"
-    shared = {unit_of_work(f"{path}::x") for path in SHARED_WORK}
-    assert len(shared) == 1 and shared != {unit_of_work("notebooks/10_multi_node_and_clusters.ipynb::Cell 1")}
-    assert {"notebooks/04_distributed_data_parallel.ipynb", "tests/test_rerun.py"} <= set(SHARED_WORK)
+    assert unit_of_work("tests/test_rerun.py::test_two_checkouts_run_a_notebook_at_once") == "tests/test_rerun.py"
+    shared = {unit_of_work(f"{path}::Cell 1") for path in SHARED_WORK}
+    assert shared == {unit_of_work(f"{RERUN_TEST}notebooks/09_fault_tolerance_and_debugging.ipynb]")}
+    assert len(shared) == 1 and "notebooks/04_distributed_data_parallel.ipynb" in SHARED_WORK

@@ -1,10 +1,10 @@
 """A notebook run twice in a row passes twice; two checkouts running notebooks at once never meet.
 
-- 09 restarts jobs from checkpoints it writes into work/ itself. A previous run's files there once
-  made it resume a job that should have started afresh, and fail strict nbval the second time.
-  This test runs it again under strict nbval, after the suite's own run of it has filled work/
-  (run on its own, the test runs it twice). Every notebook's launches that read such files back
-  (09, 10, lab 09, lab 04, 08's sharded checkpoint) clear them first; 09 has the most.
+- The notebooks whose launches read back what a run left in work/ (checkpoints they resume from,
+  files they append to, a sharded checkpoint they load) clear it first, in the cell. Each is run
+  again under strict nbval in the same checkout, right after the suite's own run of it (the same
+  worker, conftest.py; run on its own, the test runs it twice). 09 once failed this: a previous
+  run's checkpoint made it resume a job that should have started afresh.
 - Two checkouts of the course run chapter 00 (four launches, `torchrun --standalone` among them)
   at the same time: ports come from the operating system and work/ is each checkout's own, so
   both pass.
@@ -18,11 +18,20 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
+from conftest import NOTEBOOKS_RUN, RERUN_TEST, unit_of_work
 from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = "notebooks/09_fault_tolerance_and_debugging.ipynb"
-TIMEOUT = 900  # s: 09 takes 1.5-2 minutes here, longer on a loaded machine
+RERUN = [
+    "notebooks/08_sharding_zero_fsdp.ipynb",  # saves and loads a sharded checkpoint
+    "notebooks/09_fault_tolerance_and_debugging.ipynb",  # resumes from checkpoints, crashes, hangs
+    "notebooks/10_multi_node_and_clusters.ipynb",  # two emulated nodes resume from a checkpoint
+    "solutions/lab04_ddp_bug_hunt.ipynb",  # every run appends to final.pt.writers
+    "solutions/lab09_resume_exactly.ipynb",  # a crashed job resumes from its checkpoint
+]
+TIMEOUT = 900  # s: 09 takes 1 minute here, longer on a loaded machine
 
 
 def nbval(notebook: str, cwd: Path) -> tuple[int, str]:
@@ -30,12 +39,14 @@ def nbval(notebook: str, cwd: Path) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
-def test_a_notebook_passes_twice_in_a_row():
-    if not (ROOT / "notebooks" / "work" / "c09_ref_ckpt").exists():  # not run yet: a first run
-        rc, out = nbval(NOTEBOOK, ROOT)
-        assert rc == 0, f"first run of {NOTEBOOK} failed:\n{out[-5000:]}"
-    rc, out = nbval(NOTEBOOK, ROOT)
-    assert rc == 0, f"{NOTEBOOK} failed when run again in the same checkout:\n{out[-5000:]}"
+@pytest.mark.parametrize("notebook", RERUN)  # the id is the path: conftest.unit_of_work reads it
+def test_a_notebook_passes_twice_in_a_row(notebook, request):
+    assert unit_of_work(request.node.nodeid) == unit_of_work(f"{notebook}::Cell 0"), RERUN_TEST  # same worker
+    if notebook not in NOTEBOOKS_RUN:  # the suite has not run it in this process: a first run
+        rc, out = nbval(notebook, ROOT)
+        assert rc == 0, f"first run of {notebook} failed:\n{out[-5000:]}"
+    rc, out = nbval(notebook, ROOT)
+    assert rc == 0, f"{notebook} failed when run again in the same checkout:\n{out[-5000:]}"
 
 
 def test_two_checkouts_run_a_notebook_at_once(tmp_path):
