@@ -56,6 +56,11 @@ def fresh_env(tmp_path: Path) -> tuple[dict, str]:
     return env, mark
 
 
+def inner_suite(tmp_path: Path, *args: str) -> list[str]:
+    """pytest's arguments for a suite of its own in tmp_path, with the course's conftest as a plugin."""
+    return ["-p", "conftest", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path), "-q", *args]
+
+
 def assert_nothing_left(mark: str, spare: set[int] = frozenset()) -> None:
     def left():
         return [p for p in marked_processes(mark) if p.pid not in spare and p.is_running() and p.status() != "zombie"]
@@ -83,24 +88,8 @@ def test_stopping_the_suite_stops_its_launches(tmp_path, signum, workers):
         """)
     )
     env, mark = fresh_env(tmp_path)
-    # The course's conftest as a plugin, on a test folder of its own.
     suite = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            FOREGROUND_PYTEST,
-            "-p",
-            "conftest",
-            "-p",
-            "no:cacheprovider",
-            "-c",
-            os.devnull,
-            "--rootdir",
-            str(tmp_path),
-            "-q",
-            *workers,
-            "test_launch_and_wait.py",
-        ],
+        [sys.executable, "-c", FOREGROUND_PYTEST, *inner_suite(tmp_path, *workers, "test_launch_and_wait.py")],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -164,21 +153,7 @@ def test_a_run_that_leaves_a_process_behind_fails(tmp_path):
     )
     env, mark = fresh_env(tmp_path)
     result = run_bounded(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "conftest",
-            "-p",
-            "no:cacheprovider",
-            "-c",
-            os.devnull,
-            "--rootdir",
-            str(tmp_path),
-            "-q",
-            "test_forgets_a_process.py",
-        ],
+        [sys.executable, "-m", "pytest", *inner_suite(tmp_path, "test_forgets_a_process.py")],
         timeout=180,
         cwd=tmp_path,
         env=env,
