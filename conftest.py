@@ -36,6 +36,7 @@ RUN_MARK = "PARALLEL_COURSE_TEST_RUN"
 # stop the suite's own workers when it ends); a test that wants a run of its own gives it a new
 # mark and no owner (tests/test_interrupts.py).
 RUN_OWNER = "PARALLEL_COURSE_TEST_RUN_OWNER"
+_owner = False  # whether this process owns the run: set by pytest_configure
 # Files that write the same names into one work/ folder: one unit of work, run in this order.
 # 04 and 09 each write their own version of notebooks/work/train_ddp.py.
 SHARED_WORK = ("notebooks/04_distributed_data_parallel.ipynb", "notebooks/09_fault_tolerance_and_debugging.ipynb")
@@ -106,10 +107,6 @@ def kill_marked_processes(mark: str) -> int:
     return len(procs)
 
 
-def owns_the_run(config) -> bool:
-    return getattr(config, "stash_owns_run", False)
-
-
 def _stop_on_signal(signum, frame):
     if _owner:
         kill_marked_processes(os.environ[RUN_MARK])
@@ -122,13 +119,10 @@ def is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
-_owner = False  # this process owns the run (see RUN_OWNER)
-
-
 def pytest_configure(config):
     global _owner
     nested = RUN_MARK in os.environ and RUN_OWNER in os.environ  # a worker, or a run a test started
-    _owner = config.stash_owns_run = not nested and not is_worker(config)
+    _owner = not nested and not is_worker(config)
     if _owner:  # set before the workers start: they inherit both
         os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
         os.environ[RUN_OWNER] = str(os.getpid())
@@ -146,7 +140,7 @@ def pytest_unconfigure(config):
     # Runs after a normal end and after Ctrl-C alike. In a normal run the aftermath has already
     # failed the run on any survivor; this only makes sure nothing is left either way. Only in the
     # owner: a worker that finished first would stop the other, a nested run the whole suite.
-    if owns_the_run(config):
+    if _owner:
         kill_marked_processes(os.environ[RUN_MARK])
 
 
@@ -187,7 +181,7 @@ def aftermath_problems(git_status_before: str | None) -> list[str]:
 def pytest_sessionfinish(session, exitstatus):
     # After every other sessionfinish hook: pytest-xdist's has stopped the workers by then.
     result = yield
-    if not owns_the_run(session.config) or exitstatus == pytest.ExitCode.INTERRUPTED:
+    if not _owner or exitstatus == pytest.ExitCode.INTERRUPTED:
         return result
     problems = aftermath_problems(session.config.stash_git_status)
     if problems:
