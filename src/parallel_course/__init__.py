@@ -2,7 +2,8 @@
 
 Small modules, each doing what its name says:
 
-- ``launch``         set a notebook up for ``!torchrun``; bounded launches for check cells
+- ``launch``         set a notebook up for ``!torchrun``; bounded launches for check cells;
+                     torchrun's failure report, rank by rank (09)
 - ``machine``        what this machine offers: cores, GPUs, backends, where each rank runs (00)
 - ``costmodel``      predicted step time and speedup of data-parallel training (01)
 - ``data_parallel``  DataParallel's steps re-enacted on threads (02)
@@ -14,7 +15,7 @@ Small modules, each doing what its name says:
 - ``gpt``            a small GPT and an addition task made by the course (11, 12)
 - ``input_pipeline`` data sets and timers for feeding a training step (11b)
 - ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
-- ``runs``           what a training run leaves in its ``--out`` folder (04, 09)
+- ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it
 - ``checks``         clear verdicts for lab check cells
 - ``scriptdiff``     what a notebook's %%writefile cells write; the lines a step changed (04, 09)
 - ``explorers``      ipywidgets explorers over the functions above, one pattern (``explorers.base``),
