@@ -107,6 +107,19 @@ def kill_marked_processes(mark: str) -> int:
     return len(procs)
 
 
+def alive_marked_processes(mark: str) -> list:
+    """The ``marked_processes`` still running: not ended, not a zombie waiting for its parent."""
+    import psutil
+
+    def alive(proc):
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    return [proc for proc in marked_processes(mark) if alive(proc)]
+
+
 def _stop_on_signal(signum, frame):
     if _owner:
         kill_marked_processes(os.environ[RUN_MARK])
@@ -149,17 +162,11 @@ def aftermath_problems(git_status_before: str | None) -> list[str]:
     changes to the working tree (when the checkout is a git one)."""
     import psutil
 
-    def alive(proc):
-        try:
-            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
     deadline = time.monotonic() + 15  # kernels and workers get a moment to shut down
-    left = [p for p in marked_processes(os.environ[RUN_MARK]) if alive(p)]
+    left = alive_marked_processes(os.environ[RUN_MARK])
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
-        left = [p for p in left if alive(p)]
+        left = alive_marked_processes(os.environ[RUN_MARK])
     problems = []
     for proc in left:
         try:

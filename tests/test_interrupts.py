@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUN_MARK, RUN_OWNER, marked_processes
+from conftest import RUN_MARK, RUN_OWNER, alive_marked_processes, kill_marked_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -63,7 +63,7 @@ def inner_suite(tmp_path: Path, *args: str) -> list[str]:
 
 def assert_nothing_left(mark: str, spare: set[int] = frozenset()) -> None:
     def left():
-        return [p for p in marked_processes(mark) if p.pid not in spare and p.is_running() and p.status() != "zombie"]
+        return [p for p in alive_marked_processes(mark) if p.pid not in spare]
 
     try:
         wait_for(lambda: not left(), timeout=30, what="the launch's processes to end")
@@ -111,8 +111,7 @@ def test_stopping_the_suite_stops_its_launches(tmp_path, signum, workers):
     finally:
         if suite.poll() is None:
             os.killpg(suite.pid, signal.SIGKILL)
-        for proc in marked_processes(mark):  # when the test failed: its launch must not outlive it
-            proc.kill()
+        kill_marked_processes(mark)  # when the test failed: its launch must not outlive it
 
 
 def test_interrupting_a_cell_stops_its_torchrun(tmp_path):
