@@ -36,5 +36,5 @@ def main():
 
 if __name__ == "__main__":
     main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    gc.collect()  # main() has returned: free what it left on the group (its tensors), then leave the
+    dist.destroy_process_group()  # group while Python still runs: one alive at exit can abort the process (gloo)
