@@ -17,7 +17,7 @@ comparison is fair only if the machine has that many cores free. Two models:
 
 - small:   a 21 k-parameter MLP, global batch 64: so little computation per step that the
            all-reduce's fixed cost and DDP's own work dominate: more processes are slower.
-- compute: a 0.8 M-parameter MLP, global batch 1024 (per rank 512 at N = 2): forward and
+- compute: a 0.8 M-parameter MLP, global batch 2048 (per rank 1024 at N = 2): forward and
            backward take many times as long as the all-reduce of its 3 MB of gradients, so
            with N free cores N processes can approach N times the throughput.
 
@@ -59,7 +59,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 MODELS = {  # name: (layer widths, default global batch, loss)
     "small": ([32, 128, 128, 1], 64, "mse"),
-    "compute": ([256, 768, 768, 10], 1024, "cross_entropy"),
+    "compute": ([256, 768, 768, 10], 2048, "cross_entropy"),
 }
 
 
@@ -67,7 +67,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=[*MODELS, "both"], default="both", help="default: both")
     parser.add_argument("--global-batch-size", type=int, help="samples per step, all processes together "
-                        "(default: 64 for small, 1024 for compute)")
+                        "(default: 64 for small, 2048 for compute)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
