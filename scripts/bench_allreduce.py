@@ -15,7 +15,8 @@ busbw is the rate at which each rank sends (and receives) in a ring all-reduce: 
 with the hardware's bandwidth per direction, whatever N is. The alpha-beta model
 t(S) = alpha + (2(N-1)/N) * S / beta is fitted by least squares on relative error (the same fit
 as the course's parallel_course.perf.fit_alpha_beta, copied so that this script stands alone):
-alpha is the fixed cost of one all-reduce, beta the bus bandwidth it tends to for large messages.
+alpha is the fixed cost of one all-reduce at this world size, beta the bus bandwidth it tends to
+for large messages.
 
 --impl ring times the course's own ring all-reduce (chapter 03) instead of dist.all_reduce; --impl
 both times the two, alternating them size by size so that both see the same machine load.
@@ -95,14 +96,16 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     return device
 
 
 def ring_allreduce(tensor):
     """Chapter 03's ring all-reduce, for any length: reduce-scatter, then all-gather, over N chunks
     (tensor_split: the first ones one element longer); at each step every rank sends one chunk to
-    its right neighbour and receives one from its left, both non-blocking (no deadlock to avoid)."""
+    its right neighbour and receives one from its left, posted as one batch (chapter 03's grouping
+    rule: nccl can deadlock on a send and a receive posted one by one)."""
     rank, n = dist.get_rank(), dist.get_world_size()
     if n == 1:
         return tensor
@@ -112,7 +115,8 @@ def ring_allreduce(tensor):
         outgoing, arriving = chunks[(rank - s) % n], chunks[(rank - s - 1) % n]
         reducing = s < n - 1  # the first n - 1 steps add; the others copy finished chunks into place
         buffer = torch.empty_like(arriving) if reducing else arriving
-        for request in [dist.isend(outgoing, right), dist.irecv(buffer, left)]:
+        ops = [dist.P2POp(dist.isend, outgoing, right), dist.P2POp(dist.irecv, buffer, left)]
+        for request in dist.batch_isend_irecv(ops):
             request.wait()
         if reducing:
             arriving.add_(buffer)

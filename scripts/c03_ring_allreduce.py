@@ -1,6 +1,7 @@
 """Ring all-reduce with isend/irecv vs passing whole tensors vs dist.all_reduce."""
 import argparse
 import gc
+import os
 import sys
 import time
 
@@ -11,9 +12,9 @@ from c03_torchrun_environment import setup  # the block taught above (beside thi
 
 
 def exchange(send_buf, recv_buf, right, left):
-    """Send to the right and receive from the left at the same time."""
-    requests = [dist.isend(send_buf, dst=right), dist.irecv(recv_buf, src=left)]
-    for request in requests:
+    """Send to the right and receive from the left at the same time, as one batch (nccl needs it)."""
+    ops = [dist.P2POp(dist.isend, send_buf, right), dist.P2POp(dist.irecv, recv_buf, left)]
+    for request in dist.batch_isend_irecv(ops):
         request.wait()  # only now may send_buf change and recv_buf be read
 
 
@@ -65,15 +66,17 @@ def timed(fn, x, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--numel", type=int, default=2**18, help="elements per tensor")
+    parser.add_argument("--numel", type=int, help="elements per tensor (default: 2**18, made a multiple of N)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each version")
     args = parser.parse_args()
-    backend, device = setup()
-    rank, n = dist.get_rank(), dist.get_world_size()
-    if args.numel % n:
+    n = int(os.environ.get("WORLD_SIZE", "1"))
+    numel = args.numel or 2**18 // n * n  # this version needs N equal chunks
+    if numel % n:
         parser.error(f"--numel must be divisible by the world size {n}")
+    backend, device = setup()
+    rank = dist.get_rank()
 
-    x = torch.randn(args.numel, generator=torch.Generator().manual_seed(rank)).to(device)
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(device)
     expected = x.clone()
     dist.all_reduce(expected)
     ring, naive = x.clone(), x.clone()

@@ -1,5 +1,7 @@
 """Point to point: send/recv, isend/irecv round a ring, and the deadlock of blocking sends."""
 import gc
+import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -9,6 +11,8 @@ from c03_torchrun_environment import print_in_rank_order, setup  # the block tau
 
 
 def main():
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        sys.exit("c03_send_recv.py: error: needs 2 or more processes: torchrun --nproc_per_node=2 c03_send_recv.py")
     backend, device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
@@ -29,7 +33,9 @@ def main():
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     outgoing = torch.full((2,), float(rank), device=device)
     incoming = torch.empty(2, device=device)
-    requests = [dist.isend(outgoing, dst=right), dist.irecv(incoming, src=left)]
+    # posted as one batch: the grouping rule (nccl), harmless on gloo
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, outgoing, right),
+                                       dist.P2POp(dist.irecv, incoming, left)])
     # the buffer rule: until wait() returns, do not change `outgoing`, do not read `incoming`
     for request in requests:
         request.wait()

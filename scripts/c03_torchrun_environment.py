@@ -17,7 +17,8 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))  # reads MASTER_ADDR/PORT etc.
+    # env:// reads MASTER_ADDR/PORT etc.; on nccl, device_id binds the group to this GPU
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     return backend, device
 
 

@@ -18,7 +18,7 @@ if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LO
     torch.cuda.set_device(device)
 else:
     backend, device = "gloo", torch.device("cpu")
-dist.init_process_group(backend, timeout=timedelta(seconds=30))
+dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
 rank, world_size = dist.get_rank(), dist.get_world_size()
 
 # M6: the device index is LOCAL_RANK; RANK counts processes over all nodes.

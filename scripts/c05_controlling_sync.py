@@ -128,7 +128,7 @@ def buffers(device, rank, world_size):
     try:  # SyncBatchNorm computes the statistics over all ranks' batches...
         nn.SyncBatchNorm(4).to(device)(mine)
         print0(f"  SyncBatchNorm on {device.type}: ran")
-    except ValueError as e:  # ...but only on GPUs (and XPUs)
+    except ValueError as e:  # ...but only on accelerators (CUDA, XPU, HPU, ...)
         print0(f"  SyncBatchNorm on {device.type}: ValueError: {e}")
     # What SyncBatchNorm computes, by hand: all-reduce (sum, sum of squares, count).
     stats = torch.cat([mine.sum(0), (mine * mine).sum(0), torch.tensor([float(len(mine))], device=device)])

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 WIDTH, LAYERS, BATCH = 1024, 8, 256  # big enough that computing, not messaging, fills a stage's time
-TIMEOUT = timedelta(seconds=30)  # a hung send or receive becomes an error, not a 30-minute wait
+TIMEOUT = timedelta(seconds=30)  # a hung send or receive becomes an error, not a long wait (30 min on gloo)
 
 
 def free_port():
@@ -46,7 +46,8 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     return device
 
 
@@ -65,9 +66,9 @@ def make_model(seed=0):
 
 
 def my_stage(model, stage, n_stages):
-    """This process's slice of the model: LAYERS / n_stages consecutive Linear+ReLU pairs."""
-    per_stage = len(model) // n_stages
-    return model[stage * per_stage:(stage + 1) * per_stage]
+    """This process's slice of the model: consecutive Linear+ReLU pairs, as evenly split as they go."""
+    start, stop = (k * LAYERS // n_stages for k in (stage, stage + 1))
+    return model[2 * start:2 * stop]
 
 
 def gpipe(n_stages, m):
@@ -168,12 +169,12 @@ def main():
     args = parser.parse_args()
     if args.microbatches < 1 or args.repeats < 1 or BATCH % args.microbatches:
         parser.error(f"--microbatches must divide {BATCH} and --repeats be >= 1")
+    if int(os.environ.get("WORLD_SIZE", "1")) > LAYERS:  # one stage per process, a layer at least each
+        parser.error(f"{LAYERS} layers make at most {LAYERS} stages, not {os.environ['WORLD_SIZE']}")
     device = setup()
     if device.type == "cpu":
         torch.set_num_threads(1)                                      # one core per stage
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    if LAYERS % world_size:
-        parser.error(f"{LAYERS} layers cannot be split into {world_size} equal stages")
     # Activations and gradients travel on two process groups. Within one group, nccl runs the
     # sends and receives between two ranks in order on one stream, where a stage's send of an
     # activation and its receive of a gradient (1F1B interleaves them) could wait for each other.
@@ -195,7 +196,8 @@ def main():
     expected = [p.grad for p in my_stage(full, rank, world_size).parameters()]
     stage_model = my_stage(make_model(), rank, world_size).to(device)  # only my slice
 
-    print0(f"{world_size} stages, {LAYERS // world_size} layers each, batch {BATCH}, "
+    sizes = sorted({len(my_stage(full, s, world_size)) // 2 for s in range(world_size)})
+    print0(f"{world_size} stages, {' or '.join(map(str, sizes))} layers each, batch {BATCH}, "
            f"backend={dist.get_backend()} device={device.type}")
     results = {}
     for index, (name, (n_micro, orders)) in enumerate(schedules.items()):

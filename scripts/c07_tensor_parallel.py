@@ -45,7 +45,8 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     return device
 
 
@@ -98,6 +99,10 @@ def compare(name, sharded, unsplit, x):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if IN % ranks or HIDDEN % ranks:  # DTensor splits unevenly, but the MLP's two layers must agree
+        fits = [n for n in range(1, HIDDEN + 1) if IN % n == 0 and HIDDEN % n == 0]
+        parser.error(f"the layers split {IN} and {HIDDEN} features evenly: run on {fits} processes, not {ranks}")
     device = setup()
     world_size = dist.get_world_size()
     print0(f"{world_size} ranks, backend={dist.get_backend()} device={device.type}")
@@ -124,9 +129,9 @@ def main():
     mlp = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT)).to(device)
     tp_mlp = parallelize_module(copy.deepcopy(mlp), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     forward, backward = compare("MLP column -> ReLU -> row", tp_mlp, mlp, x)
-    one = {"all_reduce": 1}
-    print0(f"{'PASS' if forward == one and backward == one else 'FAIL'} the MLP communicates once each way: "
-           "the row layer's sum in forward, the input's gradient in backward")
+    one = {"all_reduce": 1} if world_size > 1 else {}  # one rank holds everything: nothing to send
+    print0(f"{'PASS' if forward == one and backward == one else 'FAIL'} the MLP communicates once each way "
+           "(on 2+ ranks): the row layer's sum in forward, the input's gradient in backward")
     if forward != one or backward != one:
         FAILED.append("MLP collectives")
     return 1 if FAILED else 0

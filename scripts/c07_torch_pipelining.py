@@ -2,8 +2,9 @@
 
     torchrun --standalone --nproc_per_node=2 c07_torch_pipelining.py [--microbatches 4]
 
-Each rank builds the whole model from the same seed, keeps only its stage, and trains one SGD
-step with each schedule; loss, gradients and weights are compared with the unsplit model.
+Each rank builds the whole model from the same seed, keeps only its stage (1 to 8 stages, the 8
+layers split as evenly as they go), and trains one SGD step with each schedule; loss, gradients
+and weights are compared with the unsplit model. Exits with 1 if they differ.
 """
 import argparse
 import gc
@@ -40,7 +41,8 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     return device
 
 
@@ -58,16 +60,26 @@ def make_model():
     return nn.Sequential(*layers)
 
 
+def stage_slice(stage, n_stages):
+    """The modules of one stage: whole (Linear, Tanh) layers, as evenly split as they go."""
+    start, stop = (k * LAYERS // n_stages for k in (stage, stage + 1))
+    return slice(2 * start, 2 * stop)
+
+
 def loss_fn(output, target):
     return F.mse_loss(output, target)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
+    parser.add_argument("--microbatches", type=int, help="micro-batches per step (default: 4, 8 for 5+ stages)")
     args = parser.parse_args()
-    if args.microbatches < 1 or BATCH % args.microbatches:
-        parser.error(f"--microbatches must be a positive divisor of {BATCH}")
+    stages = int(os.environ.get("WORLD_SIZE", "1"))  # one stage per process
+    if stages > LAYERS:
+        parser.error(f"{LAYERS} layers make at most {LAYERS} stages, not {stages}")
+    m = args.microbatches or next(d for d in range(max(4, stages), BATCH + 1) if BATCH % d == 0)
+    if m < stages or BATCH % m:  # Schedule1F1B refuses fewer micro-batches than stages
+        parser.error(f"--microbatches must divide {BATCH} and be at least the number of stages ({stages})")
     device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1)
@@ -77,25 +89,24 @@ def main():
     full = make_model().to(device)
     ref_loss = loss_fn(full(x), y)
     ref_loss.backward()
-    per_stage = len(full) // world_size
-    mine = slice(rank * per_stage, (rank + 1) * per_stage)
+    mine = stage_slice(rank, world_size)
     ref_grads = [p.grad.clone() for p in full[mine].parameters()]
     torch.optim.SGD(full.parameters(), lr=LR).step()
     ref_weights = [p.detach().clone() for p in full[mine].parameters()]
 
-    print0(f"{world_size} stages of {per_stage // 2} layers, batch {BATCH} in {args.microbatches} "
+    sizes = sorted({len(full[stage_slice(s, world_size)]) // 2 for s in range(world_size)})
+    print0(f"{world_size} stage(s) of {' or '.join(map(str, sizes))} layers, batch {BATCH} in {m} "
            f"micro-batches, backend={dist.get_backend()} device={device.type}")
+    failed = False
     for name, Schedule in [("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)]:
         stage_module = make_model()[mine].to(device)                    # only this rank's layers
         stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=device)
-        schedule = Schedule(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
+        schedule = Schedule(stage, n_microbatches=m, loss_fn=loss_fn)
         losses = []
-        if rank == 0:
-            schedule.step(x)                                            # the first stage feeds the input
-        elif rank == world_size - 1:
-            schedule.step(target=y, losses=losses)                      # the last stage gets the loss
-        else:
-            schedule.step()
+        # The first stage feeds the input; the last gets the target and the losses (one stage: both).
+        inputs = (x,) if rank == 0 else ()
+        targets = {"target": y, "losses": losses} if rank == world_size - 1 else {}
+        schedule.step(*inputs, **targets)
         grads = [p.grad.clone() for p in stage_module.parameters()]
         torch.optim.SGD(stage_module.parameters(), lr=LR).step()
         diff = max(max((g - r).abs().max().item() for g, r in zip(grads, ref_grads)),
@@ -105,11 +116,14 @@ def main():
         dist.all_gather_object(results, (diff, loss))
         loss_diff = abs(results[-1][1] - ref_loss.item())
         ok = max(d for d, _ in results) <= ATOL and loss_diff <= ATOL
+        failed |= not ok
         print0(f"{name:>5}: loss {results[-1][1]:.4f} (unsplit {ref_loss.item():.4f}); loss, gradients and "
                f"weights after one SGD step equal the unsplit model's: {ok} (max |difference| <= {ATOL:g})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    exit_code = main()
     gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
     dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    sys.exit(exit_code)

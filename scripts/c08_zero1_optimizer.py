@@ -39,7 +39,8 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     return device
 
 
@@ -84,10 +85,15 @@ def state_bytes(optimizer):
 
 
 def train(model, optimizer, batches):
+    """Train on `batches`; returns the loss of every step (this rank's, on its own batches)."""
+    losses = []
     for x, y in batches:
         optimizer.zero_grad()
-        F.mse_loss(model(x), y).backward()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
         optimizer.step()
+        losses.append(loss.detach())
+    return torch.stack(losses)
 
 
 def main():

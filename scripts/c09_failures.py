@@ -71,7 +71,7 @@ def stuck(rank, backend, out_dir):
         sys.stdout.write(f"rank 0: {report}\n")
 
 
-def stale_store(rank, backend):
+def stale_store(rank, backend, device):
     """Attempt 0 joins the plain way and crashes; attempt 1 looks into torchrun's store first."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         sys.exit("c09_failures.py: error: stale-store needs torchrun (--standalone or c10d) with --max-restarts=1")
@@ -79,7 +79,8 @@ def stale_store(rank, backend):
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False, timeout=TIMEOUT)  # the store torchrun's agent hosts
     if attempt == 0:
-        dist.init_process_group(backend, timeout=TIMEOUT)  # its keys go straight into that store
+        # its keys go straight into that store
+        dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
         dist.barrier()  # every rank has joined
         if rank == 1:
             raise RuntimeError("attempt 0: rank 1 crashes")
@@ -99,9 +100,9 @@ def main():
     backend, device = pick_backend()
     rank = int(os.environ["RANK"])
     if args.mode == "stale-store":
-        stale_store(rank, backend)
+        stale_store(rank, backend, device)
         return
-    dist.init_process_group(backend, timeout=TIMEOUT)
+    dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
     if args.mode == "mismatch":
         mismatch(rank, device)
     else:

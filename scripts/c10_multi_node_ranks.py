@@ -29,11 +29,12 @@ def main():
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
-        backend = "nccl"
-        torch.cuda.set_device(local_rank)
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
     else:
-        backend = "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+        backend, device = "gloo", torch.device("cpu")
+    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])  # restarts this node's agent counted
     if world_size < args.wait_for_world_size:
@@ -58,7 +59,8 @@ def main():
         lines = ["  ".join(f"{key:>22}" for key in row)]
         lines += ["  ".join(f"{str(r[key]):>22}" for key in row) for r in rows]
         gpus = "cuda:0" if local_world_size == 1 else f"cuda:0 to cuda:{local_world_size - 1}"
-        lines += [f"(one process per GPU: on every node {gpus})",
+        where = "this job's GPUs" if backend == "nccl" else f"for a GPU job; this one ran on the CPU ({backend})"
+        lines += [f"(one process per GPU: on every node {gpus}, {where})",
                   f"TORCHELASTIC_RESTART_COUNT on every process: {sorted(set(counts))}"]
         sys.stdout.write("\n".join(lines) + "\n")
 

@@ -3,48 +3,25 @@
     torchrun --standalone --nproc_per_node=2 c11_compile_ddp.py [--backend aot_eager|inductor]
 
 1. Graphs: a backend that only counts the graphs dynamo hands it. One process: one graph. DDP:
-   one graph per bucket (dynamo's DDPOptimizer splits the model where DDP's buckets end, so that
-   a bucket's all-reduce can start while the rest of backward runs).
+   dynamo's DDPOptimizer cuts the model into pieces of DDP's bucket size, so that a bucket's
+   all-reduce can start while the rest of backward runs; its first piece is always 1 MiB, DDP's
+   first bucket only when bucket_cap_mb is unset (torch/_dynamo/backends/distributed.py).
 2. Training: chapter 11's GPT with DDP for 8 steps, eager and compiled: the same losses, and how
    long the first compiled step (the compilation) takes against the others.
 """
 import argparse
 import gc
 import logging
-import os
-import socket
 import statistics
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parallel_course.gpt import GPT, AdditionTask, GPTConfig, answer_loss_sum
-
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
-    return device
+from train_gpt import setup  # the chapter's block, in train_gpt.py beside this file
 
 
 def print0(text):
@@ -63,12 +40,14 @@ def wrap(model, device, bucket_cap_mb=None):
 
 def graphs(device):
     """How many graphs torch.compile makes of one forward: alone, and under DDP. A wider, deeper
-    GPT (3.2 MB of float32 parameters), so that DDP's buckets (the first 1 MiB) are several."""
+    GPT (3.2 MB of float32 parameters), so that DDP's buckets (the first 1 MiB) are several; with
+    bucket_cap_mb=25 DDP makes one bucket, but dynamo still cuts a first piece of 1 MiB."""
     cfg = GPTConfig(d_model=128, n_layers=4)
     x = AdditionTask(2).batch(torch.Generator().manual_seed(0), 4)[0].to(device)
     for name, make in [("one process, no DDP", lambda: model_on(device, cfg)),
                        ("DDP, default buckets", lambda: wrap(model_on(device, cfg), device)),
-                       ("DDP, bucket_cap_mb=1", lambda: wrap(model_on(device, cfg), device, bucket_cap_mb=1))]:
+                       ("DDP, bucket_cap_mb=1", lambda: wrap(model_on(device, cfg), device, bucket_cap_mb=1)),
+                       ("DDP, bucket_cap_mb=25", lambda: wrap(model_on(device, cfg), device, bucket_cap_mb=25))]:
         torch._dynamo.reset()
         seen = []
 

@@ -16,8 +16,10 @@ def main():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    # A short timeout turns a hung collective into an error instead of a 30-minute wait.
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    # A short timeout turns a hung collective into an error instead of the default wait (30 minutes;
+    # 10 on nccl, whose watchdog then ends the process). On nccl, device_id binds the group to this
+    # process's GPU: nccl sets up its communicator right here.
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     x = torch.tensor([rank + 1.0], device=device)

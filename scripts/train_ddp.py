@@ -114,19 +114,20 @@ def setup(timeout):  # a configurable timeout
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    timeout = timedelta(seconds=timeout)
+    timeout, device_id = timedelta(seconds=timeout), device if backend == "nccl" else None
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's store outlives restarts,
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),  # earlier
                               is_master=False, timeout=timeout)  # attempts' keys included
         # RESTART counts this node's restarts after failures: distinct attempts on one node
         store = dist.PrefixStore(f"attempt_{RESTART}", store)  # so each attempt gets its own keys
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                device_id=device_id)
     elif launched:  # RANK... set by hand, or torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-        dist.init_process_group(backend, timeout=timeout)  # a store at MASTER_ADDR:MASTER_PORT
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)  # a store at MASTER_ADDR:MASTER_PORT
     else:  # plain `python train_ddp.py`: a group of one, in memory, no port needed
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+                                timeout=timeout, device_id=device_id)
     return backend, device
 
 

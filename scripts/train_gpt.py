@@ -10,6 +10,7 @@ rank, the sharding) and final.pt (the whole model, from rank 0) to --out. The mo
 come from the course's package (parallel_course.gpt), shared with the notebook and the labs.
 """
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -68,6 +70,10 @@ def parse_args(argv=None):
         parser.error(f"--parallel single is one process, but the world size is {world_size}")
     if args.parallel == "2d" and (world_size < 2 * TP_SIZE_2D or world_size % TP_SIZE_2D):
         parser.error(f"--parallel 2d needs an even world size of at least {2 * TP_SIZE_2D}, got {world_size}")
+    tp, heads = mesh_shape(args.parallel, world_size)[1], GPTConfig().n_heads
+    if heads % tp:  # each tensor-parallel rank computes whole heads
+        parser.error(f"--parallel {args.parallel} splits the {heads} attention heads over {tp} ranks: "
+                     f"use a world size that divides {heads}")
     if args.sequence_parallel and args.parallel not in ("tp", "2d"):
         parser.error(f"--sequence-parallel needs --parallel tp or 2d, got {args.parallel}")
     dp = mesh_shape(args.parallel, world_size)[0]
@@ -95,7 +101,8 @@ def setup():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=30))
+    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
+    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
     return device
 
 
@@ -110,9 +117,11 @@ def nbytes(tensors):
 
 def tensor_parallel(model, tp_mesh, sequence=False):
     """Megatron-style: q, k, v and the MLP's first layer split by columns (output features), the
-    projections after them by rows: one all-reduce per block forward and one backward. The head is
-    split by vocabulary, its logits gathered. Sequence parallelism also splits the embeddings, and
-    by position what flows between the split layers: each all-reduce becomes a reduce-scatter."""
+    projections after them by rows. Per block, forward: an all-reduce after each row-parallel
+    projection (2); backward: one for the input gradient of each column-parallel layer (4: q, k, v
+    and fc; a fused qkv would make it 2). The head is split by vocabulary, its logits gathered.
+    Sequence parallelism also splits the embeddings, and by position what flows between the split
+    layers: each all-reduce becomes a reduce-scatter, and an all-gather before the next split layer."""
     seq = Shard(1) if sequence else Replicate()  # the activations between the split layers
     plan = {"head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
     for i in range(len(model.blocks)):
@@ -177,15 +186,21 @@ def train(args, model, step_fn, mesh, device):
         x, y = task.batch(data, args.global_batch_size)
         x, y = (t[dp_rank * per_rank:(dp_rank + 1) * per_rank].to(device) for t in (x, y))
         saved = SavedActivations(model)
-        with saved.hooks():
-            loss_sum, count = answer_loss_sum(step_fn(x), y)
-        global_count = count * dp_size  # every problem has as many answer digits
-        # DDP and FSDP average gradients over the dp ranks: scale so that the average is the
-        # gradient of the global mean (a mean of each rank's own mean would drift).
-        (loss_sum * dp_size / global_count).backward()
+        # Step 1 of a tensor-parallel layout also counts the collectives of every module.
+        comms = CommDebugMode() if step == 0 and mesh["tp"].size() > 1 else contextlib.nullcontext()
+        with comms:
+            with saved.hooks():
+                loss_sum, count = answer_loss_sum(step_fn(x), y)
+            global_count = count * dp_size  # every problem has as many answer digits
+            # DDP and FSDP average gradients over the dp ranks: scale so that the average is the
+            # gradient of the global mean (a mean of each rank's own mean would drift).
+            (loss_sum * dp_size / global_count).backward()
         if step == 0:
             memory |= {"gradient_bytes": nbytes(p.grad for p in model.parameters() if p.grad is not None),
                        "activation_bytes": saved.bytes}
+            block = {} if comms.__class__ is not CommDebugMode else next(
+                counts for name, counts in comms.comm_module_counts.items() if name.endswith("blocks.0"))
+            collectives = {phase: {str(op).split(".")[-1]: n for op, n in block[phase].items()} for phase in block}
         optimizer.step()
         optimizer.zero_grad()
         logged = loss_sum.detach().clone()
@@ -195,7 +210,7 @@ def train(args, model, step_fn, mesh, device):
             sys.stdout.write(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}\n")
     memory["optimizer_state_bytes"] = nbytes(t for s in optimizer.state.values() for t in s.values()
                                              if isinstance(t, torch.Tensor))
-    return losses, memory
+    return losses, memory, collectives
 
 
 def main(argv=None):
@@ -212,7 +227,7 @@ def main(argv=None):
     if rank == 0:
         sys.stdout.write(f"{args.parallel}: backend={dist.get_backend()} device={device.type} world_size={world_size} "
                          f"(dp {dp} x tp {tp}), global batch {args.global_batch_size}\n")
-    losses, memory = train(args, model, step_fn, mesh, device)
+    losses, memory, collectives = train(args, model, step_fn, mesh, device)
 
     mine = {"local_parameters": sum(local(p).numel() for p in model.parameters()), **memory}
     every = [None] * world_size
@@ -229,7 +244,8 @@ def main(argv=None):
                    "steps": args.steps, "seed": args.seed, "global_batch_size": args.global_batch_size,
                    "activation_checkpointing": args.activation_checkpointing, "losses": losses,
                    "total_parameters": total, "local_parameters": [m.pop("local_parameters") for m in every],
-                   "memory": every, "placements": placements, "sequence_parallel": args.sequence_parallel}
+                   "memory": every, "placements": placements, "sequence_parallel": args.sequence_parallel,
+                   "collectives_per_block": collectives}
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
         sys.stdout.write(f"wrote {args.out / 'metrics.json'} and final.pt; each rank stores "
                          f"{metrics['local_parameters']} of {total:,} parameter elements\n")

@@ -1,6 +1,7 @@
 """What several test files share: the course's notebooks in order, and scripts loaded as modules."""
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -29,3 +30,34 @@ def load_script(path: Path | str):
     finally:
         sys.path.remove(str(path.parent))
     return module
+
+
+def sanitize(text: str) -> str:
+    """``text`` with tests/sanitize.cfg applied, as strict nbval applies it to stored and fresh outputs."""
+    from nbval.plugin import get_sanitize_patterns
+
+    for regex, replace in get_sanitize_patterns((ROOT / "tests" / "sanitize.cfg").read_text()):
+        text = re.sub(regex, replace, text)
+    return text
+
+
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def report_differences(stored: str, fresh: str, rtol: float = 1e-3) -> list[str]:
+    """Where two runs' outputs disagree once sanitized, word for word, except that numbers may differ
+    by ``rtol`` relative: the float rounding of other hardware (a GPU against the CPU that stored the
+    output). One entry per line that differs; an empty list when they agree."""
+    stored_lines, fresh_lines = sanitize(stored).splitlines(), sanitize(fresh).splitlines()
+    problems = []
+    if len(stored_lines) != len(fresh_lines):
+        problems.append(f"{len(fresh_lines)} lines where the stored output has {len(stored_lines)}")
+    for old, new in zip(stored_lines, fresh_lines):
+        if NUMBER.sub("#", old) != NUMBER.sub("#", new):
+            problems.append(f"expected {old!r}, got {new!r}")
+            continue
+        for a, b in zip(NUMBER.findall(old), NUMBER.findall(new)):
+            if abs(float(a) - float(b)) > rtol * max(abs(float(a)), abs(float(b))):
+                problems.append(f"{a} became {b} in {new!r}")
+                break
+    return problems

@@ -16,8 +16,12 @@ or nccl is missing or there are fewer GPUs than it needs. On a GPU machine: ``ma
 6. scripts/c09_failures.py's demos (a collective mismatch under TORCH_DISTRIBUTED_DEBUG=DETAIL,
    a stuck rank named by monitored_barrier, the stale store a restart finds) work on nccl, and
    train_ddp.py resumes a crash bit for bit there;
-7. every chapter script the notebooks launch (03, 05, 07, 08) runs on nccl and reports no failed
-   check.
+7. every script a user runs with torchrun works at --nproc_per_node = every GPU (no failed check:
+   FAIL, MISMATCH, ": False", ": NO") or refuses that count in one line; chapter 06a's own ring
+   command runs to 16 MB on nccl; every lab checker passes the solution's answer on nccl;
+8. every lecture and solution notebook runs top to bottom on the GPUs: no error where the stored
+   CPU run had none, and each script a cell launches prints what its stored output says once
+   sanitized, numbers within 1e-3 (chapter 12: Accelerate's launcher on the GPUs).
 
 The unmarked tests at the end run everywhere: they keep the marker and the skip logic honest.
 Every launch runs in tmp_path, with OMP_NUM_THREADS=1, bounded by run_bounded (which kills the
@@ -38,7 +42,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from helpers import report_differences
 from parallel_course import data_parallel as dp
+from parallel_course import machine
 from parallel_course.input_pipeline import host_to_device_seconds
 from parallel_course.launch import run_bounded
 
@@ -51,13 +57,13 @@ GPUS = torch.cuda.device_count() if CUDA else 0
 NCCL = torch.distributed.is_available() and torch.distributed.is_nccl_available()
 
 
-def gpu_skip_reason(needed: int, cuda: bool, gpus: int, nccl: bool) -> str | None:
-    """Why a test that needs ``needed`` GPUs cannot run here, or None if it can."""
+def gpu_skip_reason(needed: int, cuda: bool, gpus: int, nccl: bool, facts=None) -> str | None:
+    """Why a test that needs ``needed`` GPUs cannot run here, or None if it can. Without CUDA, the
+    reason names the torch build and the driver (machine.cuda_findings): a GPU machine whose CUDA
+    is unusable must not look like a machine without GPUs."""
     if not cuda:
-        return (
-            f"needs CUDA, and torch {torch.__version__} sees none here: "
-            "run on a machine with NVIDIA GPUs (make test-gpu)"
-        )
+        findings = "; ".join(machine.cuda_findings(facts or machine.cuda_facts()))
+        return f"needs CUDA: {findings} (make test-gpu on a machine with NVIDIA GPUs)"
     if not nccl:
         return f"needs nccl, and this torch {torch.__version__} build has none"
     if gpus < needed:
@@ -520,38 +526,167 @@ def test_train_gpt_2d_on_nccl_equals_one_gpu(tmp_path):
         assert_same_losses_and_sharded(reference, gpt_run(tmp_path, "2d", 4, *extra), sharded=True)
 
 
-# Every chapter script the notebooks launch, as they launch it, on nccl: each must pick nccl with a
-# GPU per rank, keep its tensors on that GPU (nccl refuses CPU tensors) and report no failed check.
-CHAPTER_SCRIPTS = [
+# --------------------------------------------------------------------------- 7. every script at N = every GPU
+
+# What a user runs with `torchrun --nproc_per_node=<GPUs>` (the README's promise), with the arguments
+# that keep it short. Each must end without a failed check, or refuse the count in one line.
+SCRIPTS_AT_EVERY_GPU = [
     ("hello_allreduce.py",),
     ("c03_torchrun_environment.py",),
-    ("c03_collectives.py",),
-    ("c03_ring_allreduce.py",),
+    ("c03_send_recv.py",),
+    ("c03_collectives.py", "--out", "."),
+    ("c03_ring_allreduce.py", "--repeats", "1"),
     ("c05_ddp_internals.py",),
+    ("c05_controlling_sync.py",),
     ("c05_uneven_inputs.py",),
-    ("c07_pipeline_executor.py", "--microbatches", "4", "--repeats", "1"),
-    ("c07_torch_pipelining.py", "--microbatches", "4"),
+    ("c06_amp_and_profiler.py", "--out", ".", "--steps", "4"),
+    ("c07_pipeline_executor.py", "--repeats", "1", "--out", "."),
+    ("c07_torch_pipelining.py",),
     ("c07_tensor_parallel.py",),
-    ("c08_zero1_optimizer.py", "--steps", "5"),
-    ("c08_fsdp.py", "--steps", "5"),
+    ("c08_zero1_optimizer.py", "--steps", "3"),
+    ("c08_fsdp.py", "--steps", "3"),
     ("c08_fsdp_options.py", "--out", "."),
     ("c11_compile_ddp.py",),
+    ("bench_allreduce.py", "--max-bytes", "16M", "--impl", "both"),
+    ("train_ddp.py", "--epochs", "2", "--out", "out"),
+    *[
+        ("train_gpt.py", "--parallel", layout, "--steps", "4", "--out", layout)
+        for layout in ("ddp", "fsdp", "tp", "2d")
+    ],
 ]
-
+# Lines that say False or FAIL on purpose: negative controls and demonstrations of a mistake.
 EXPECTED_FALSE = {"c05_ddp_internals.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal")}
+FAILED_CHECK = re.compile(r"\bFAIL\b|MISMATCH|:\s*False\b|:\s*NO\b")
+
+
+def failed_checks(stdout: str, shown_false: tuple = ()) -> list[str]:
+    """The lines of a script's output that report a failed check (FAIL, MISMATCH, ": False", ": NO")."""
+    return [
+        line for line in stdout.splitlines() if FAILED_CHECK.search(line) and not line.strip().startswith(shown_false)
+    ]
+
+
+def refused_in_one_line(result: subprocess.CompletedProcess, script: str) -> bool:
+    """A script that cannot run at this process count says so in one line (argparse's error or sys.exit)."""
+    errors = [line for line in result.stderr.splitlines() if line.startswith(f"{script}: error: ")]
+    return result.returncode != 0 and len(set(errors)) == 1
+
+
+@needs_gpus(1)
+@pytest.mark.parametrize("script", SCRIPTS_AT_EVERY_GPU, ids=["-".join(s[:3:2]) for s in SCRIPTS_AT_EVERY_GPU])
+def test_every_script_at_every_gpu_works_or_refuses_in_one_line(tmp_path, script):
+    result = torchrun(GPUS, SCRIPTS / script[0], *script[1:], cwd=tmp_path, timeout=300)
+    if refused_in_one_line(result, script[0]):
+        return
+    stdout = ok(result)
+    assert "backend=gloo" not in stdout, f"{script[0]} fell back to gloo with a GPU per process:\n{stdout}"
+    failed = failed_checks(stdout, EXPECTED_FALSE.get(script[0], ()))
+    assert not failed, f"{script[0]} on {GPUS} GPU(s) reported failed checks:\n" + "\n".join(failed)
+
+
+def notebook_launch_command(notebook: str, script: str) -> list[str]:
+    """The `!torchrun ... work/<script> ...` line of a notebook, as arguments run from scripts/."""
+    import nbformat
+
+    for cell in nbformat.read(ROOT / "notebooks" / notebook, as_version=4).cells:
+        first = cell.source.splitlines()[0] if cell.source else ""
+        if cell.cell_type == "code" and first.startswith("!torchrun") and f"work/{script}" in first:
+            words = first[1:].replace(f"work/{script}", str(SCRIPTS / script)).split()
+            return [TORCHRUN, *words[1:]]
+    raise AssertionError(f"{notebook} launches no work/{script}")
 
 
 @needs_gpus(2)
-@pytest.mark.parametrize("script", CHAPTER_SCRIPTS, ids=[s[0] for s in CHAPTER_SCRIPTS])
-def test_chapter_script_runs_on_nccl(tmp_path, script):
-    stdout = ok(torchrun(2, SCRIPTS / script[0], *script[1:], cwd=tmp_path, timeout=240))
-    shown_false = EXPECTED_FALSE.get(script[0], ())  # negative controls the script prints on purpose
-    failed = [
-        line
-        for line in stdout.splitlines()
-        if "FAIL" in line or (line.rstrip().endswith("False") and not line.startswith(shown_false))
-    ]
-    assert not failed, f"{script[0]} on nccl reported failed checks:\n" + "\n".join(failed)
+def test_06a_ring_command_on_nccl_to_16_mb(tmp_path):
+    """Chapter 06a's own command: the course's ring beside nccl's all-reduce up to 16 MB, where a send and
+    a receive posted one by one (not as one batch) can deadlock two ranks on nccl."""
+    cmd = notebook_launch_command("06a_timing_and_bandwidth.ipynb", "bench_allreduce.py")
+    assert "--impl" in cmd and "16M" in cmd, cmd
+    stdout = ok(launch(cmd, tmp_path, timeout=300))
+    assert "backend=nccl device=cuda" in stdout, stdout
+    assert not failed_checks(stdout), stdout
+
+
+# The lab checkers, run on nccl with the solutions' answers: (checker, arguments).
+LAB_CHECKS = [
+    ("lab03_check.py",),
+    ("lab05_check.py", "--only", "DDP"),
+    ("lab05_check.py", "--only", "BucketedDDP"),
+    ("lab07_tp_check.py",),
+    ("lab08_check.py",),
+    ("lab11_check.py",),
+]
+
+
+@needs_gpus(2)
+@pytest.mark.parametrize("check", LAB_CHECKS, ids=["-".join(c) for c in LAB_CHECKS])
+def test_lab_checker_passes_the_solution_on_nccl(tmp_path, check):
+    from parallel_course.scriptdiff import written_scripts
+
+    for notebook in sorted((ROOT / "solutions").glob("*.ipynb")):
+        for name, versions in written_scripts(notebook).items():
+            (tmp_path / name).write_text(versions[-1])
+    result = torchrun(GPUS, tmp_path / check[0], *check[1:], cwd=tmp_path, timeout=300)
+    if refused_in_one_line(result, check[0]):
+        return
+    stdout = ok(result)
+    assert "PASS" in stdout and not failed_checks(stdout), f"{check[0]} on {GPUS} GPU(s):\n{stdout}"
+
+
+# --------------------------------------------------------------------------- 8. every notebook on the GPUs
+
+NOTEBOOKS = sorted([*(ROOT / "notebooks").glob("[0-9]*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")])
+# Lines of a launch's output that differ on GPUs by design, per script: regular expressions.
+DEVICE_DEPENDENT = {
+    "c05_controlling_sync.py": [r"SyncBatchNorm on"],
+    "c06_amp_and_profiler.py": [r"autocast dtype=", r"all-reduce launches per step"],
+    "c08_fsdp_options.py": [r"MixedPrecisionPolicy\(param_dtype=", r"inside forward:", r"CPUOffloadPolicy"],
+    "c09_failures.py": [r"rank 0: "],
+}
+
+
+def launch_differences(cell, fresh_outputs) -> list[str]:
+    """How a `!torchrun` cell's fresh output differs from its stored (CPU) one, device-dependent lines aside."""
+    stored = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+    fresh = "".join(o.get("text", "") for o in fresh_outputs if o.output_type == "stream")
+    script = re.search(r"(\w+\.py)", cell.source.splitlines()[0])
+    allowed = DEVICE_DEPENDENT.get(script.group(1) if script else "", [])
+
+    def keep(text):
+        return "\n".join(line for line in text.splitlines() if not any(re.search(p, line) for p in allowed))
+
+    return report_differences(keep(stored), keep(fresh))
+
+
+@needs_gpus(1)
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[f"{p.parent.name}/{p.stem}" for p in NOTEBOOKS])
+def test_notebook_runs_on_the_gpus(notebook):
+    """Every cell runs: no error where the CPU run had none, and each script a cell launches prints what
+    the stored (CPU) output says, numbers within 1e-3, once sanitized (tests/sanitize.cfg) and apart from
+    the lines a GPU prints differently by design. Chapter 12 runs Accelerate's launcher on the GPUs."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    stored = nbformat.read(notebook, as_version=4)
+    fresh = copy.deepcopy(stored)
+    NotebookClient(
+        fresh,
+        timeout=900,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(notebook.parent)}},
+    ).execute()
+    problems = []
+    for index, (old, new) in enumerate(zip(stored.cells, fresh.cells)):
+        if old.cell_type != "code":
+            continue
+        raised = [o for o in new.outputs if o.output_type == "error"]
+        if raised and "raises-exception" not in old.metadata.get("tags", []):
+            problems.append(f"cell {index}: {raised[0].ename}: {raised[0].evalue}")
+        first = old.source.splitlines()[0] if old.source else ""
+        if first.startswith(("!torchrun", "!python")):
+            problems += [f"cell {index}: {d}" for d in launch_differences(old, new.outputs)]
+    assert not problems, f"{notebook.name} on {GPUS} GPU(s):\n" + "\n".join(problems)
 
 
 # --------------------------------------------------------------------------- 5. nn.DataParallel
@@ -619,6 +754,9 @@ CPU_TESTS = {
     "test_every_gpu_test_is_marked_and_guarded",
     "test_skip_reasons",
     "test_gpu_selection_collects_exactly_the_gpu_tests",
+    "test_failed_checks_and_one_line_refusals_are_told_apart",
+    "test_launch_outputs_compare_across_devices",
+    "test_the_lane_covers_every_notebook_and_script",
 }
 
 
@@ -650,6 +788,12 @@ def test_every_gpu_test_is_marked_and_guarded():
 def test_skip_reasons():
     assert "needs CUDA" in gpu_skip_reason(1, cuda=False, gpus=0, nccl=False)
     assert "make test-gpu" in gpu_skip_reason(2, cuda=False, gpus=0, nccl=False)
+    here = gpu_skip_reason(1, cuda=False, gpus=0, nccl=False)
+    assert torch.__version__ in here, here  # the build is named
+    gpu = {"name": "NVIDIA A100", "capability": "8.0", "compute_mode": "Default"}
+    old_driver = machine.CudaFacts("2.13.0", "13.0", ["sm_80"], "550.54.15", [gpu], usable=False)
+    reason = gpu_skip_reason(1, cuda=False, gpus=0, nccl=True, facts=old_driver)
+    assert "driver 550.54.15" in reason and "CUDA 13 needs driver 580" in reason, reason
     assert "needs nccl" in gpu_skip_reason(1, cuda=True, gpus=1, nccl=False)
     assert gpu_skip_reason(2, cuda=True, gpus=1, nccl=True) == "needs at least 2 CUDA GPUs, found 1"
     assert gpu_skip_reason(2, cuda=True, gpus=2, nccl=True) is None
@@ -667,3 +811,73 @@ def test_gpu_selection_collects_exactly_the_gpu_tests():
     collected = {line.split("::", 1)[1].split("[")[0] for line in result.stdout.splitlines() if "::" in line}
     assert collected == all_tests().keys() - CPU_TESTS, result.stdout
     assert f"{len(CPU_TESTS)} deselected" in result.stdout, result.stdout
+
+
+def test_failed_checks_and_one_line_refusals_are_told_apart():
+    lines = "\n".join(
+        [
+            "PASS fine: max |difference| <= 1e-05",
+            "GPipe: ... equal the unsplit model's: False (max |difference| <= 1e-06)",
+            "  loss fell over 20 steps: yes; replicas identical: NO",
+            "before DDP(...): parameters equal on all ranks: False",
+            "FAIL the MLP communicates once each way",
+        ]
+    )
+    assert len(failed_checks(lines)) == 4
+    assert len(failed_checks(lines, EXPECTED_FALSE["c05_ddp_internals.py"])) == 3
+    usage = "usage: c07_torch_pipelining.py [-h]\nc07_torch_pipelining.py: error: 8 layers make at most 8 stages\n"
+    refused = subprocess.CompletedProcess([], 1, "", usage * 3)  # every rank says it
+    assert refused_in_one_line(refused, "c07_torch_pipelining.py")
+    assert not refused_in_one_line(subprocess.CompletedProcess([], 1, "", "Traceback ...\n"), "c07_torch_pipelining.py")
+
+
+def test_launch_outputs_compare_across_devices():
+    """What the notebook lane accepts from a GPU: other backends and times, numbers rounded otherwise."""
+    import nbformat
+
+    cell = nbformat.v4.new_code_cell("!torchrun --standalone --nproc_per_node=2 work/c06_amp_and_profiler.py")
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "stream",
+            name="stdout",
+            text=(
+                "DDP + AMP: 2 ranks, backend=gloo device=cpu, autocast dtype=bfloat16, GradScaler off (not needed)\n"
+                "step 1/8: loss 2.5200 in 12.3 ms\n"
+            ),
+        )
+    ]
+    gpu = [
+        nbformat.v4.new_output(
+            "stream",
+            name="stdout",
+            text=(
+                "DDP + AMP: 2 ranks, backend=nccl device=cuda, autocast dtype=float16, GradScaler on\n"
+                "step 1/8: loss 2.5199 in 0.4 ms\n"
+            ),
+        )
+    ]
+    assert launch_differences(cell, gpu) == []
+    gpu[0].text = gpu[0].text.replace("2.5199", "2.6199")
+    assert launch_differences(cell, gpu) == ["2.5200 became 2.6199 in 'step 1/8: loss 2.6199 in T ms'"]
+
+
+def test_the_lane_covers_every_notebook_and_script():
+    """Every lecture and solution notebook runs on the GPUs, and every script a user runs with torchrun
+    (all of scripts/ but the ones that start their own processes) runs at every GPU."""
+    launched_by_hand = {
+        "c03_gil_busy_loop.py",
+        "c03_spawn_worker.py",
+        "c04_mp_spawn.py",
+        "c04_each_rank_holds.py",
+        "c09_failures.py",
+        "c10_multi_node_ranks.py",
+        "bench_scaling.py",
+        "train_single.py",
+    }
+    scripts = {p.name for p in SCRIPTS.glob("*.py")} - launched_by_hand
+    assert scripts == {s[0] for s in SCRIPTS_AT_EVERY_GPU}, scripts ^ {s[0] for s in SCRIPTS_AT_EVERY_GPU}
+    lectures, solutions = (
+        list((ROOT / folder).glob(pattern))
+        for folder, pattern in (("notebooks", "[0-9]*.ipynb"), ("solutions", "*.ipynb"))
+    )
+    assert len(NOTEBOOKS) == len(lectures) + len(solutions) >= 26

@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from parallel_course.launch import run_bounded, setup_notebook
+from parallel_course.launch import free_port, in_colab, notebook_launch, run_bounded, setup_notebook
 
 
 def test_setup_notebook_creates_work_dir_and_sets_threads(tmp_path, monkeypatch):
@@ -177,3 +177,42 @@ def test_failed_ranks_reads_every_entry_of_torchruns_report():
     ]
     assert "Connection closed by peer" in found[0][-1] and not any("time " in line for line in found[0])
     assert failed_ranks("no report here") == {}
+
+
+class ColabShell:
+    """What str(get_ipython()) shows in Google Colab: how Accelerate and the course tell it."""
+
+    def __str__(self):
+        return "<google.colab._shell.Shell object at 0x7f0>"
+
+
+def write_identity(folder):
+    """A launched function: it records its process and the world size its launcher gave it."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / str(os.getpid())).write_text(os.environ.get("WORLD_SIZE", "unset"))
+
+
+def identities(folder):
+    return sorted((int(p.name), p.read_text()) for p in Path(folder).iterdir())
+
+
+def test_notebook_launch_starts_the_processes_in_colab_where_notebook_launcher_runs_once(tmp_path, monkeypatch):
+    import IPython
+    from accelerate import notebook_launcher
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: ColabShell(), raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert in_colab()
+    # Colab without 2 GPUs: Accelerate calls the function once, here, however many processes were asked for.
+    notebook_launcher(write_identity, args=(tmp_path / "accelerate",), num_processes=2, use_port=free_port())
+    assert identities(tmp_path / "accelerate") == [(os.getpid(), "unset")]
+    notebook_launch(write_identity, args=(tmp_path / "course",), num_processes=2)
+    launched = identities(tmp_path / "course")
+    assert len(launched) == 2 and all(pid != os.getpid() and world == "2" for pid, world in launched), launched
+
+
+def test_in_colab_is_false_in_jupyter_and_outside_it(monkeypatch):
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None, raising=False)
+    assert not in_colab()

@@ -68,3 +68,94 @@ def test_versions_name_the_environment_without_an_absolute_path(capsys):
 
 def test_environment_name_tells_the_course_venv_from_others(tmp_path):
     assert machine.environment_name(str(tmp_path)) != "the course's .venv"
+
+
+def facts(**changes):
+    """A healthy CUDA 13 machine with two A100s, changed where a test says."""
+    base = {
+        "torch_version": "2.13.0",
+        "cuda_build": "13.0",
+        "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"],
+        "driver": "580.65.06",
+        "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "capability": "8.0", "compute_mode": "Default"}] * 2,
+        "usable": True,
+    }
+    return machine.CudaFacts(**{**base, **changes})
+
+
+def test_cuda_findings_of_a_healthy_gpu_machine():
+    lines = machine.cuda_findings(facts())
+    assert lines[0] == "2 NVIDIA GPU(s) (NVIDIA A100-SXM4-80GB), driver 580.65.06; torch 2.13.0 is built for CUDA 13.0"
+    assert lines[1] == "CUDA is usable: the course uses nccl, one GPU per process"
+
+
+def test_cuda_findings_without_a_gpu():
+    (line,) = machine.cuda_findings(facts(gpus=[], driver=None, usable=False, cuda_build=None, arch_list=[]))
+    assert "no NVIDIA GPU answers" in line and "CPU build" in line
+
+
+def test_cuda_findings_name_a_cpu_build_on_a_gpu_machine():
+    (line,) = machine.cuda_findings(facts(cuda_build=None, arch_list=[], usable=False))
+    assert "is a CPU build: everything runs on the CPU" in line and "CUDA build" in line
+
+
+def test_cuda_findings_name_a_driver_too_old_for_the_build():
+    lines = machine.cuda_findings(facts(driver="550.54.15", usable=False))
+    assert "present but UNUSABLE: CUDA 13 needs driver 580 or newer" in lines[1]
+    assert "silently runs on the CPU" in lines[1] and "update the driver" in lines[1]
+
+
+def test_cuda_findings_name_a_gpu_the_build_has_no_kernels_for():
+    v100 = {"name": "Tesla V100-SXM2-32GB", "capability": "7.0", "compute_mode": "Default"}
+    lines = machine.cuda_findings(facts(gpus=[v100]))
+    assert "Tesla V100-SXM2-32GB (sm_70) is not among this build's architectures" in lines[1]
+    assert "no kernel image is available" in lines[1]
+
+
+def test_cuda_findings_name_exclusive_process_mode():
+    gpu = {"name": "NVIDIA H100", "capability": "9.0", "compute_mode": "Exclusive_Process"}
+    assert any("exclusive-process mode" in line for line in machine.cuda_findings(facts(gpus=[gpu])))
+
+
+@pytest.mark.parametrize(
+    "capability,arch_list,expected",
+    [
+        ("8.6", ["sm_80"], True),  # same major, older minor: the binary runs
+        ("8.0", ["sm_86"], False),  # a newer minor does not
+        ("9.0", ["sm_80", "compute_80"], True),  # PTX for an older GPU: the driver compiles it
+        ("7.0", ["sm_75", "sm_80"], False),
+        ("12.0", ["sm_120a"], True),
+    ],
+)
+def test_has_kernels_for(capability, arch_list, expected):
+    assert machine.has_kernels_for(capability, arch_list) is expected
+
+
+def test_versions_and_describe_leave_cuda_uninitialised(monkeypatch):
+    """A kernel that initialised CUDA can no longer fork a worker that uses it (chapters 03, 12)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: pytest.fail("CUDA initialised in this process"))
+    # the names come from a child process, here a stand-in
+    monkeypatch.setattr(machine, "cuda_devices", lambda: [{"name": "GPU", "capability": "9.0"}] * 2)
+    machine.versions()
+    assert machine.describe().gpus == ["GPU", "GPU"]
+
+
+@pytest.mark.parametrize(
+    "cuda,modes,expected",
+    [
+        (False, None, False),  # no CUDA: the kernel computes on the CPU
+        (True, [["Default"], ["Default"]], True),
+        (True, [["Default"], ["Exclusive_Process"]], False),  # one context per GPU: leave it to the jobs
+        (True, None, True),  # nvidia-smi missing: nothing says the GPUs are exclusive
+    ],
+)
+def test_the_kernel_uses_gpus_only_where_they_can_be_shared(monkeypatch, cuda, modes, expected):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(machine, "nvidia_smi", lambda *fields: modes)
+    assert machine.kernel_may_use_gpus() is expected

@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 from parallel_course.launch import run_bounded
@@ -68,16 +69,24 @@ def _functions(path):
 
 
 def test_every_script_joins_the_group_with_the_one_setup_block():
+    from parallel_course.scriptdiff import written_scripts
+
+    chapters = defaultdict(set)  # script -> the chapters whose notebooks write it
+    for notebook in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
+        for name in written_scripts(notebook):
+            chapters[name].add(notebook.name.split("_")[0])
     canonical = _functions(ROOT / "scripts" / "c05_ddp_internals.py")
     canonical = {name: canonical[name] for name in ("free_port", "setup")}
     users = []
     for path in sorted((ROOT / "scripts").glob("*.py")):
         text = path.read_text()
-        if found := re.search(r"^from (c\d\d_\w+) import .*\bsetup\b", text, re.M):
-            # A chapter's later scripts may import the block from its first one, beside them (03, 05, 08):
-            # the canonical one, or the one chapter 03 teaches.
+        if found := re.search(r"^from (c\d\d_\w+|train_\w+) import .*\bsetup\b", text, re.M):
+            # A chapter's later scripts may import the block from its first one, beside them (03, 05, 08,
+            # 11): the canonical one, or the one chapter 03 teaches.
             source = found.group(1) + ".py"
-            assert source[:3] == path.name[:3], f"scripts/{path.name} imports setup() from another chapter's {source}"
+            assert chapters[source] & chapters[path.name], (
+                f"scripts/{path.name} imports setup() from another chapter's {source}"
+            )
             assert source in OWN_SETUP or _functions(ROOT / "scripts" / source).get("setup") == canonical["setup"], (
                 source
             )

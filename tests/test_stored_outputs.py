@@ -5,7 +5,10 @@ student nothing and leak where the outputs were made; relative paths (``work/...
 ``../scripts/...``) are fine.
 """
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -47,3 +50,25 @@ def test_the_scan_finds_what_it_looks_for():
     nb.cells.append(cell)
     assert any(ABSOLUTE.search(t) for t in output_texts(nb))
     assert not ABSOLUTE.search("wrote work/c04/final.pt and ../scripts/train_ddp.py")
+
+
+def test_outputs_are_stored_from_a_kernel_that_sees_no_gpu(tmp_path):
+    """make outputs on a GPU machine must not store GPU outputs, which every CPU check would then fail:
+    its kernels (and whatever they launch) run with CUDA_VISIBLE_DEVICES set to nothing."""
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("import os\nprint(repr(os.environ.get('CUDA_VISIBLE_DEVICES')))")]
+    )
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(notebook, path)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "execute_notebooks.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "storing CPU outputs" in result.stdout
+    assert nbformat.read(path, as_version=4).cells[0].outputs[0]["text"] == "''\n"

@@ -5,6 +5,10 @@
 
 Runs each notebook in its own folder, as nbval and JupyterLab do, with the same per-cell
 timeout as the tests; drops stored widget state and execution timestamps, which only add noise.
+
+The stored outputs are a CPU run's, whatever the machine: CI and every student's check compare
+against them on CPUs. On a GPU machine the kernels run with CUDA_VISIBLE_DEVICES set to nothing,
+so they see no GPU and take the CPU paths (gloo, bfloat16 autocast, ...), and this says so.
 """
 
 import argparse
@@ -45,6 +49,10 @@ def main() -> int:
     args = parser.parse_args()
     paths = args.notebooks or sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")])
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
+    if os.environ.get("CUDA_VISIBLE_DEVICES") != "":
+        # The kernels and every process they start inherit it: no GPU is visible to any of them.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        print("storing CPU outputs: the kernels run with CUDA_VISIBLE_DEVICES= (no GPU visible)", flush=True)
     for path in paths:
         print(f"{path}: {execute(path):.1f} s", flush=True)
     return 0

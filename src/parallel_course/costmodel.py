@@ -23,7 +23,7 @@ Two ways to average (``algorithm``):
 With one worker there is nothing to average, so no algorithm sends anything: N = 1 is plain
 single-device training, the baseline of every speedup.
 
-What the model leaves out (and chapter 06 measures): stragglers, contention on shared links,
+What the model leaves out (and chapter 06b measures): stragglers, contention on shared links,
 hierarchical topologies (NVLink inside a node, network between nodes), the optimizer step,
 data loading, and the bucketing that makes overlap possible.
 """

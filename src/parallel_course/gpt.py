@@ -6,8 +6,9 @@ tensor parallelism would silently untie a tied pair). Attention keeps q, k and v
 Linear layers and infers the number of heads from the width it receives, so that the same code
 runs whole or split column-wise over tensor-parallel ranks.
 
-The task is multi-digit addition, ``"12+34=" -> "64"`` with the sum written least significant
-digit first (the order a carry flows), so that each answer digit depends on digits already seen.
+The task is multi-digit addition, ``"12+34=" -> "640"``: the sum, 46, in one digit more than
+the numbers, written least significant digit first (the order a carry flows), so that each
+answer digit depends on digits already seen.
 Only the answer positions count in the loss and in the exact-match accuracy.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,52 @@ def failed_ranks(report: str) -> dict[int, list[str]]:
         ]
         found[int(re.search(r"rank\s+: (\d+)", entry).group(1))] = lines
     return found
+
+
+def free_port() -> str:
+    """A port the operating system says is free right now (it picks one when we bind to port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def in_colab() -> bool:
+    """Whether this kernel is Google Colab's, told the way Accelerate tells it (accelerate/launchers.py)."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and "google.colab" in str(ipython.get_ipython())
+
+
+def notebook_launch(function, args=(), num_processes: int = 2) -> None:
+    """Accelerate's ``notebook_launcher(function, args, num_processes)``, on a free port, in processes.
+
+    Two things of notebook_launcher's are fixed here. Its default port is always 29500, so two
+    notebooks launching at once collide. And in Google Colab with fewer than 2 GPUs it launches
+    nothing: it calls ``function`` once, in the kernel, a single process whatever
+    ``num_processes`` says. There this makes the launch notebook_launcher makes everywhere else:
+    torch's elastic agent, forking ``num_processes`` workers from the kernel, each with RANK,
+    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.
+    """
+    import torch
+
+    port = free_port()
+    # device_count() asks NVML first: it does not initialise CUDA, so the kernel can still fork.
+    if not in_colab() or torch.cuda.device_count() >= 2:
+        from accelerate import notebook_launcher
+
+        notebook_launcher(function, args=args, num_processes=num_processes, use_port=port)
+        return
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=num_processes,
+        run_id="notebook",
+        rdzv_backend="static",
+        rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_configs={"rank": 0},
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="fork",
+    )
+    elastic_launch(config, entrypoint=function)(*args)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +35,7 @@ def physical_cores() -> int | None:
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (respects taskset/cgroups where the OS tells)."""
+    """Cores this process may run on (respects taskset and cpusets; not CPU quotas, e.g. docker --cpus)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -41,9 +43,10 @@ def usable_cores() -> int:
 
 
 def describe() -> Machine:
-    gpus = []
-    if torch.cuda.is_available():
-        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    """This machine, asked without initialising CUDA in this process (the GPUs' names come from a
+    short-lived child process), so that a notebook can still fork and its GPUs stay free for the
+    jobs it launches."""
+    gpus = [gpu["name"] for gpu in cuda_devices()] if torch.cuda.is_available() else []
     return Machine(
         python=platform.python_version(),
         torch=torch.__version__,
@@ -119,6 +122,9 @@ def report(m: Machine | None = None) -> None:
     print("backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in m.backends.items()))
     for line in implications(m):
         print("- " + line)
+    print("CUDA:")
+    for line in cuda_findings(cuda_facts()):
+        print("- " + line)
 
 
 def environment_name(prefix: str | None = None) -> str:
@@ -137,10 +143,10 @@ def environment_name(prefix: str | None = None) -> str:
 
 
 def versions() -> None:
-    """Python and torch versions, the environment, and the threads this kernel computes with."""
-    m = describe()
-    print(f"python {m.python} ({environment_name()})")
-    print(f"torch  {m.torch}" + (f" (CUDA {m.cuda_build})" if m.cuda_build else " (CPU build)"))
+    """Python and torch versions, the environment, and the threads this kernel computes with (CUDA
+    is left alone: a kernel that initialised it could no longer fork, chapters 03 and 12)."""
+    print(f"python {platform.python_version()} ({environment_name()})")
+    print(f"torch  {torch.__version__}" + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"))
     print(f"torch threads in this kernel: {torch.get_num_threads()}")
 
 
@@ -155,3 +161,137 @@ def placement(num_gpus: int, world_size: int, backends: dict[str, bool] | None =
     backends = backends or {"gloo": True, "nccl": True}
     backend = pick_backend(num_gpus, backends, world_size)
     return [f"rank {r}: {'cuda:' + str(r) if backend == 'nccl' else 'cpu'} ({backend})" for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------- CUDA: usable, and safe to share
+
+# The oldest NVIDIA driver each CUDA major version runs on (Linux; CUDA's release notes, table 3).
+MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+_DEVICE_QUERY = (
+    "import json, torch; print(json.dumps([{'name': torch.cuda.get_device_name(i), "
+    "'capability': '.'.join(map(str, torch.cuda.get_device_capability(i)))} "
+    "for i in range(torch.cuda.device_count())]))"
+)
+
+
+def cuda_devices() -> list[dict]:
+    """Name and capability (``"8.0"``) of every GPU torch can use, asked in a child process: the
+    CUDA context it makes ends with it, and this process stays free to fork and to share the GPUs."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _DEVICE_QUERY], capture_output=True, text=True, timeout=120)
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return []
+
+
+def nvidia_smi(*fields: str) -> list[list[str]] | None:
+    """One row per GPU of ``nvidia-smi --query-gpu=FIELDS``; None where there is no NVIDIA driver."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [[cell.strip() for cell in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+
+
+@dataclass
+class CudaFacts:
+    torch_version: str
+    cuda_build: str | None  # torch.version.cuda: None for a CPU build
+    arch_list: list[str]  # torch.cuda.get_arch_list(): the GPU architectures this build has kernels for
+    driver: str | None  # the NVIDIA driver's version, None where nvidia-smi does not answer
+    gpus: list[dict]  # what nvidia-smi lists: name, capability ("8.0"), compute mode
+    usable: bool  # torch.cuda.is_available()
+
+
+def cuda_facts() -> CudaFacts:
+    rows = nvidia_smi("name", "driver_version", "compute_cap", "compute_mode") or []
+    gpus = [{"name": r[0], "capability": r[2], "compute_mode": r[3]} for r in rows if len(r) == 4]
+    return CudaFacts(
+        torch_version=torch.__version__,
+        cuda_build=torch.version.cuda,
+        arch_list=torch.cuda.get_arch_list(),
+        driver=rows[0][1] if rows and len(rows[0]) > 1 else None,
+        gpus=gpus,
+        usable=torch.cuda.is_available(),
+    )
+
+
+def has_kernels_for(capability: str, arch_list: list[str]) -> bool:
+    """Whether a build with these architectures runs on a GPU of this capability ("7.5"): a binary for
+    the same major version and an older or equal minor one (sm_80 runs on 8.6), or PTX (compute_XX)
+    for an older or equal one, which the driver compiles."""
+    major, minor = (int(v) for v in capability.split("."))
+    for arch in arch_list:
+        kind, _, number = arch.partition("_")
+        code = int(number.rstrip("af") or 0)
+        if kind == "sm" and code // 10 == major and code % 10 <= minor:
+            return True
+        if kind == "compute" and code <= 10 * major + minor:
+            return True
+    return False
+
+
+def cuda_findings(f: CudaFacts) -> list[str]:
+    """What the facts mean for the course, and how to fix what is wrong: one line each."""
+    if not f.gpus:
+        kind = "a CPU build" if f.cuda_build is None else f"a CUDA {f.cuda_build} build"
+        return [f"no NVIDIA GPU answers (nvidia-smi) and torch {f.torch_version} is {kind}: the course runs on the CPU"]
+    names = ", ".join(sorted({g["name"] for g in f.gpus}))
+    seen = f"{len(f.gpus)} NVIDIA GPU(s) ({names}), driver {f.driver}"
+    if f.cuda_build is None:
+        return [
+            f"{seen}, but torch {f.torch_version} is a CPU build: everything runs on the CPU. Install a CUDA "
+            "build of torch 2.13.0 into .venv (the README's 'Running on a GPU node')"
+        ]
+    lines = [f"{seen}; torch {f.torch_version} is built for CUDA {f.cuda_build}"]
+    major = int(f.cuda_build.split(".")[0])
+    driver_major = int(f.driver.split(".")[0]) if f.driver and f.driver.split(".")[0].isdigit() else None
+    if not f.usable:
+        too_old = driver_major is not None and driver_major < MIN_DRIVER.get(major, 0)
+        why = (
+            f"CUDA {major} needs driver {MIN_DRIVER[major]} or newer"
+            if too_old
+            else "CUDA cannot start (torch.cuda.is_available() is False)"
+        )
+        lines.append(
+            f"the GPUs are present but UNUSABLE: {why}, and everything silently runs on the CPU. Fix: "
+            "update the driver, or install the torch 2.13.0 build for the CUDA version your driver "
+            "supports (nvidia-smi shows it; the README's 'Running on a GPU node')"
+        )
+        return lines
+    for gpu in f.gpus:
+        if not has_kernels_for(gpu["capability"], f.arch_list):
+            sm = "sm_" + gpu["capability"].replace(".", "")
+            lines.append(
+                f"{gpu['name']} ({sm}) is not among this build's architectures ({' '.join(f.arch_list)}): "
+                "its kernels fail with 'no kernel image is available'. Fix: a torch build for an older CUDA "
+                f"that still includes {sm} (PyTorch's install matrix)"
+            )
+    if any(g["compute_mode"].startswith("Exclusive") for g in f.gpus):
+        lines.append(
+            "a GPU is in exclusive-process mode: one process at a time may use it, so the notebooks "
+            "compute on the CPU in their own kernel and leave the GPUs to the jobs they launch"
+        )
+    if len(lines) == 1:
+        lines.append("CUDA is usable: the course uses nccl, one GPU per process")
+    return lines
+
+
+def kernel_may_use_gpus() -> bool:
+    """Whether a notebook may compute on a GPU in its own kernel before it launches jobs with !torchrun.
+
+    Not without CUDA, and not where a GPU is in exclusive-process mode (nvidia-smi's compute mode, set on
+    many shared clusters): such a GPU takes one CUDA context at a time, and one held by the kernel would
+    lock the next job's rank 0 out of cuda:0.
+    """
+    if not torch.cuda.is_available():
+        return False
+    modes = nvidia_smi("compute_mode") or []
+    return not any(row and row[0].startswith("Exclusive") for row in modes)

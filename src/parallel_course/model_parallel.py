@@ -207,13 +207,13 @@ def measured_idle_fraction(busy: Sequence[Sequence[Sequence]]) -> float:
 # --- naive model parallelism: submodules on devices -------------------------------------------
 
 
-def stage_devices(n_stages: int) -> list[torch.device]:
-    """``cuda:0 .. cuda:n-1`` when there are that many GPUs, else the CPU for every stage.
+def stage_devices(n_stages: int, use_gpus: bool = True) -> list[torch.device]:
+    """``cuda:0 .. cuda:n-1`` when there are that many GPUs (and ``use_gpus``), else the CPU for every stage.
 
     On the CPU all stages share the same cores: a one-process split there only shows that the
     result is unchanged; chapter 07a runs stages in separate processes to show their timing.
     """
-    if torch.cuda.is_available() and torch.cuda.device_count() >= n_stages:
+    if use_gpus and torch.cuda.is_available() and torch.cuda.device_count() >= n_stages:
         return [torch.device("cuda", i) for i in range(n_stages)]
     return [torch.device("cpu")] * n_stages
 

@@ -1,0 +1,189 @@
+"""What every script does on a GPU machine, checked on a CPU: which backend and GPU it joins with.
+
+A CPU run never takes a script's nccl branch. Here each script runs (in one subprocess) with
+CUDA faked: ``torch.cuda`` reports 8 GPUs, ``torch.cuda.set_device`` and
+``dist.init_process_group`` record their arguments, and the join ends the script. On nccl,
+``init_process_group`` must get ``device_id``: the GPU the process set, so that nccl makes the
+communicator at once and ``barrier()`` knows its GPU (without it, rank 0 warns at its first
+barrier and errors surface late). Every way a script joins is taken: under torchrun, under
+torchrun's restartable agent store, and as a plain ``python`` run.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parallel_course.scriptdiff import written_scripts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs each script given on the command line as __main__, with 8 fake GPUs, until it joins.
+JOIN_RECORDER = r"""
+import json, os, runpy, sys
+import torch
+import torch.distributed as dist
+
+
+class Joined(Exception):
+    pass
+
+
+calls, devices = [], []
+
+
+def recording_init(backend=None, *args, **kwargs):
+    device_id = kwargs.get("device_id")
+    calls.append({"backend": backend, "device_id": None if device_id is None else str(device_id)})
+    raise Joined
+
+
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 8
+def recording_set_device(device):
+    devices.append(str(torch.device("cuda", device) if isinstance(device, int) else device))
+
+
+torch.cuda.set_device = recording_set_device
+dist.init_process_group = recording_init
+dist.TCPStore = lambda *args, **kwargs: dist.HashStore()  # torchrun's agent store, here in memory
+environment = json.loads(sys.argv[1])
+found = {}
+for run in json.loads(sys.argv[2]):
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
+        os.environ.pop(key, None)
+    os.environ.update(environment)
+    calls.clear()
+    devices.clear()
+    sys.argv = run["argv"]
+    sys.path.insert(0, os.path.dirname(run["argv"][0]))
+    try:
+        if run.get("call"):
+            runpy.run_path(run["argv"][0])[run["call"]](*run["args"])
+        else:
+            runpy.run_path(run["argv"][0], run_name="__main__")
+        error = "finished without joining a group"
+    except Joined:
+        error = None
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+    found[run["name"]] = {"calls": list(calls), "set_device": list(devices), "error": error}
+print(json.dumps(found))
+"""
+
+# Two nodes of two processes each; this is the second process of the second node.
+TORCHRUN = {
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "4",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29400",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+}
+AGENT_STORE = {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+PLAIN = {}
+
+# Scripts that join no group of their own: a busy loop, one process, an mp.spawn launcher, and the
+# modules that the lab checkers import (the student's code).
+NO_GROUP = {
+    "c03_gil_busy_loop.py",
+    "train_single.py",
+    "c04_mp_spawn.py",
+    "lab03_ring.py",
+    "lab05_my_ddp.py",
+    "lab07_tp.py",
+    "lab08_sharded_optimizer.py",
+    "lab11_zero3.py",
+}
+# What a script needs to reach its join (arguments, or a function to call instead of __main__).
+ARGS = {
+    "c09_failures.py": ["mismatch"],
+    "train_ddp.py": ["--out", "OUT"],
+    "train_gpt.py": ["--parallel", "ddp", "--out", "OUT"],
+    "lab04_buggy.py": ["--out", "OUT"],
+    "lab04_fixed.py": ["--out", "OUT"],
+    "lab05_check.py": ["--only", "DDP"],
+    "lab09_train.py": ["--out", "OUT"],
+}
+CALL = {"c03_spawn_worker.py": ("worker", [1, 2, "env://", None])}  # mp.spawn's worker, rank 1 of 2
+# Scripts that take a path only under torchrun's agent store (a store per restarted attempt).
+RESTARTABLE = {
+    "train_ddp.py": ARGS["train_ddp.py"],
+    "lab09_train.py": ARGS["lab09_train.py"],
+    "c09_failures.py": ["stale-store"],
+}
+# The lab 04 bug hunt's broken script uses the global rank as its GPU on purpose (M6).
+GLOBAL_RANK_AS_GPU = {"lab04_buggy.py"}
+
+
+def course_scripts(tmp_path: Path) -> dict[str, Path]:
+    """scripts/*.py, and the scripts the lab solutions write (into tmp_path, beside each other)."""
+    found = {path.name: path for path in sorted((ROOT / "scripts").glob("*.py"))}
+    for notebook in sorted((ROOT / "solutions").glob("*.ipynb")):
+        for name, versions in written_scripts(notebook).items():
+            (tmp_path / name).write_text(versions[-1])
+            found[name] = tmp_path / name
+    return found
+
+
+def record_joins(scripts: dict[str, Path], environment: dict, runs: dict[str, list], tmp_path: Path) -> dict:
+    specs = []
+    for name, extra in runs.items():
+        argv = [str(scripts[name]), *[str(tmp_path / "out") if a == "OUT" else a for a in extra]]
+        call, args = CALL.get(name, (None, []))
+        specs.append({"name": name, "argv": argv, "call": call, "args": args})
+    result = subprocess.run(
+        [sys.executable, "-c", JOIN_RECORDER, json.dumps(environment), json.dumps(specs)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def assert_bound_to_its_gpu(found: dict, local_rank: int):
+    wrong = []
+    for name, run in found.items():
+        expected = 3 if name in GLOBAL_RANK_AS_GPU and local_rank == 1 else local_rank
+        if run["error"]:
+            wrong.append(f"{name}: {run['error']}")
+        elif [c["backend"] for c in run["calls"]] != ["nccl"]:
+            wrong.append(f"{name}: joined with {run['calls']} on a machine with a GPU per process (expected nccl)")
+        elif run["set_device"] != [f"cuda:{expected}"]:
+            wrong.append(f"{name}: set_device({run['set_device']}), expected cuda:{expected}")
+        elif run["calls"][0]["device_id"] != f"cuda:{expected}":
+            found = run["calls"][0]["device_id"]
+            wrong.append(f"{name}: init_process_group(device_id={found}), expected cuda:{expected}")
+    assert not wrong, "on nccl, every group must be bound to the process's GPU:\n" + "\n".join(wrong)
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    return course_scripts(tmp_path_factory.mktemp("scripts"))
+
+
+def test_under_torchrun_every_script_binds_its_nccl_group_to_local_rank(scripts, tmp_path):
+    runs = {name: ARGS.get(name, []) for name in scripts if name not in NO_GROUP}
+    assert len(runs) >= 25, sorted(runs)
+    assert_bound_to_its_gpu(record_joins(scripts, TORCHRUN, runs, tmp_path), local_rank=1)
+
+
+def test_after_a_restart_each_attempt_binds_its_group_too(scripts, tmp_path):
+    found = record_joins(scripts, AGENT_STORE, RESTARTABLE, tmp_path)
+    assert_bound_to_its_gpu(found, local_rank=1)
+
+
+def test_a_plain_python_run_binds_its_group_of_one_to_cuda_0(scripts, tmp_path):
+    """Scripts that also run without torchrun (COURSE.md's contract) join a group of one on cuda:0."""
+    plain = {
+        name: ARGS.get(name, []) for name in scripts if name.startswith(("train_", "bench_")) and name not in NO_GROUP
+    }
+    plain.update({name: [] for name in scripts if name.startswith(("c05_", "c06_", "c07_", "c08_", "c11_"))})
+    assert_bound_to_its_gpu(record_joins(scripts, PLAIN, plain, tmp_path), local_rank=0)

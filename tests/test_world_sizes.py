@@ -1,0 +1,138 @@
+"""Every script the README sends to `torchrun --nproc_per_node=<GPUs>` works at 1 to 8 processes, or
+refuses the count in one line before it starts anything.
+
+A CPU machine cannot launch 8 processes of every script within the suite's time, so:
+- the refusals are checked without launching: each script runs as rank 0 of a world of N (the
+  environment torchrun would give it) and must stop with one line, before it joins a group;
+- the counts where a script's own arithmetic changes are launched for real: one process (as
+  plain `python`: a pipeline of one stage, tensor parallelism on one rank) and three (8 layers
+  over 3 stages).
+The notebooks launch the same scripts at 2 and 4, and `make test-gpu` at every GPU (tests/test_gpu.py).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parallel_course.launch import run_bounded
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+# Runs each script as rank 0 of a world of the given size; reports how it stopped. A join ends it.
+AS_RANK_ZERO = r"""
+import contextlib, io, json, os, runpy, sys
+import torch.distributed as dist
+
+
+class Joined(Exception):
+    pass
+
+
+def joined(*args, **kwargs):
+    raise Joined
+
+
+dist.init_process_group = joined
+found = []
+for script, world_size, args in json.loads(sys.argv[1]):
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29400")
+    sys.argv, stderr = [script, *args], io.StringIO()
+    sys.path.insert(0, os.path.dirname(script))
+    try:
+        with contextlib.redirect_stderr(stderr):
+            runpy.run_path(script, run_name="__main__")
+        how = "finished"
+    except Joined:
+        how = "joined a group"
+    except SystemExit as e:
+        how = f"exit {e.code if isinstance(e.code, int) else 1}"
+        if not isinstance(e.code, int | None):
+            stderr.write(str(e.code) + "\n")
+    found.append({"how": how, "errors": [line for line in stderr.getvalue().splitlines() if ": error: " in line]})
+print(json.dumps(found))
+"""
+
+# (script, world size, arguments): counts each script cannot run, and must refuse.
+REFUSED = [
+    ("c03_send_recv.py", 1, []),  # a send needs a receiver
+    ("c07_torch_pipelining.py", 9, []),  # 8 layers, at most 8 stages
+    ("c07_torch_pipelining.py", 5, ["--microbatches", "4"]),  # Schedule1F1B: micro-batches >= stages
+    ("c07_pipeline_executor.py", 9, []),
+    ("c07_tensor_parallel.py", 3, []),  # 16 and 32 features split evenly
+    ("train_gpt.py", 3, ["--parallel", "tp", "--out", "o"]),  # 4 heads
+    ("train_gpt.py", 8, ["--parallel", "tp", "--out", "o"]),
+    ("train_gpt.py", 6, ["--parallel", "2d", "--out", "o"]),  # 64 problems over 3 dp groups
+    ("train_ddp.py", 3, ["--out", "o"]),  # 64 problems over 3 ranks
+]
+# ... and counts where the script's own arithmetic changes, which it must accept.
+ACCEPTED = [
+    ("c07_torch_pipelining.py", 5, []),  # 8 micro-batches by default from 5 stages on
+    ("c07_torch_pipelining.py", 8, []),
+    ("c07_pipeline_executor.py", 7, []),
+    ("c03_ring_allreduce.py", 7, []),  # 2**18 made a multiple of 7
+    ("c07_tensor_parallel.py", 8, []),
+    ("train_gpt.py", 4, ["--parallel", "tp", "--out", "o"]),
+    ("train_gpt.py", 8, ["--parallel", "2d", "--out", "o"]),
+]
+
+
+@pytest.fixture(scope="module")
+def stops(tmp_path_factory):
+    """How each case of REFUSED and ACCEPTED stopped, run as rank 0 of its world (one subprocess)."""
+    cases = REFUSED + ACCEPTED
+    runs = [(str(SCRIPTS / script), n, args) for script, n, args in cases]
+    result = subprocess.run(
+        [sys.executable, "-c", AS_RANK_ZERO, json.dumps(runs)],
+        cwd=tmp_path_factory.mktemp("rank0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(zip(map(repr, cases), json.loads(result.stdout.splitlines()[-1])))
+
+
+def test_counts_a_script_cannot_run_are_refused_in_one_line_before_it_starts(stops):
+    wrong = []
+    for script, n, args in REFUSED:
+        found = stops[repr((script, n, args))]
+        if found["how"] == "joined a group" or len(found["errors"]) != 1 or not found["errors"][0].startswith(script):
+            wrong.append(f"{script} at {n} processes {args}: {found}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_counts_where_the_arithmetic_changes_are_accepted(stops):
+    wrong = [
+        f"{script} at {n} processes {args}: {stops[repr((script, n, args))]}"
+        for script, n, args in ACCEPTED
+        if stops[repr((script, n, args))]["how"] != "joined a group"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def launch(tmp_path, nproc, script, *args):
+    cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(SCRIPTS / script), *args]
+    if nproc == 1:
+        cmd = [sys.executable, str(SCRIPTS / script), *args]  # as a user runs one process
+    result = run_bounded(cmd, timeout=120, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, f"{script} on {nproc}: exit {result.returncode}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+@pytest.mark.parametrize("nproc", [1, 3])
+def test_pipelining_with_one_stage_and_with_uneven_stages_equals_the_unsplit_model(tmp_path, nproc):
+    stdout = launch(tmp_path, nproc, "c07_torch_pipelining.py")
+    assert stdout.count("equal the unsplit model's: True") == 2, stdout  # GPipe and 1F1B
+    assert f"{nproc} stage(s) of {'8' if nproc == 1 else '2 or 3'} layers" in stdout, stdout
+
+
+def test_tensor_parallel_layers_on_one_rank_send_nothing_and_still_agree(tmp_path):
+    stdout = launch(tmp_path, 1, "c07_tensor_parallel.py")
+    assert "FAIL" not in stdout and "PASS the MLP communicates once each way (on 2+ ranks)" in stdout, stdout
