@@ -57,6 +57,8 @@ HEAVY = (
     "tests/test_cluster.py",
     "tests/test_interrupts.py",
     "tests/test_rerun.py",
+    "tests/test_world_sizes.py",
+    "tests/test_nccl_paths.py",
 )
 
 _seconds_per_file: dict[str, float] = defaultdict(float)
