@@ -75,10 +75,11 @@ def main():
            f"{sum(s[2] for s in stored):>14,} | (the full model: {full[0]:,} / {full[1]:,} / {full[2]:,})")
 
     # The loss of every step, not the weights: Adam moves a weight by about lr a step whatever the size of
-    # its gradient, so where a gradient is ~0, rounding in another summation order can turn its step the
-    # other way, and exact runs end up to 2 lr apart there (lr: 1e-3). The loss does not depend on those
-    # weights (their gradient is ~0). float32 rounds at 6e-8; a sum of 128 products typically errs by
-    # sqrt(128) * 6e-8 ~ 7e-7, at worst 128 * 6e-8 ~ 8e-6: hence 1e-5, relative.
+    # its gradient (above Adam's eps), so where a gradient is ~0, rounding in another summation order can
+    # turn its step the other way, and two exact runs drift apart there by up to about 2 lr a step (lr:
+    # 1e-3). The loss does not depend on those weights (their gradient is ~0). float32 rounds at 6e-8;
+    # a sum of 128 products typically errs by sqrt(128) * 6e-8 ~ 7e-7, at worst 128 * 6e-8 ~ 8e-6:
+    # hence 1e-5, relative.
     rtol = 1e-5
     diff = ((losses - reference_losses) / reference_losses).abs().max().item()
     print0(f"losses of the {args.steps} steps, FSDP vs one process on the whole batch: "

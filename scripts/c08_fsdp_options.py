@@ -70,7 +70,7 @@ def main():
            f"Adam's exp_avg {mp_optimizer.state[p]['exp_avg'].dtype}")
     # bfloat16 keeps 8 significant bits (float16 11): each operation rounds at 2**-8 of its value, and
     # so, about, does the loss. (The weights would prove nothing: five Adam steps at lr 1e-3 move none by
-    # more than about 5e-3, whatever the arithmetic.)
+    # much more than 5e-3, whatever the arithmetic.)
     rtol = 2**-8
     diff = max(per_rank(((mp_losses - fp32_losses) / fp32_losses).abs().max().item()))
     print0(f"   losses of {args.steps} steps, 16-bit compute vs fp32 (every rank): "

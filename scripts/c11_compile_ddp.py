@@ -4,8 +4,9 @@
 
 1. Graphs: a backend that only counts the graphs dynamo hands it. One process: one graph. DDP:
    dynamo's DDPOptimizer cuts the model into pieces of DDP's bucket size, so that a bucket's
-   all-reduce can start while the rest of backward runs; its first piece is always 1 MiB, DDP's
-   first bucket only when bucket_cap_mb is unset (torch/_dynamo/backends/distributed.py).
+   all-reduce can start while the rest of backward runs; its first piece is 1 MiB whatever the cap
+   (of 1 MiB or more), DDP's first bucket only when bucket_cap_mb is unset
+   (torch/_dynamo/backends/distributed.py).
 2. Training: chapter 11's GPT with DDP for 8 steps, eager and compiled: the same losses, and how
    long the first compiled step (the compilation) takes against the others.
 """

@@ -12,6 +12,7 @@ torchrun's restartable agent store, and as a plain ``python`` run.
 import json
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -49,13 +50,12 @@ def recording_set_device(device):
 torch.cuda.set_device = recording_set_device
 dist.init_process_group = recording_init
 dist.TCPStore = lambda *args, **kwargs: dist.HashStore()  # torchrun's agent store, here in memory
-environment = json.loads(sys.argv[1])
-found = {}
-for run in json.loads(sys.argv[2]):
+found = []
+for run in json.loads(sys.argv[1]):
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
         os.environ.pop(key, None)
-    os.environ.update(environment)
+    os.environ.update(run["environment"])
     calls.clear()
     devices.clear()
     sys.argv = run["argv"]
@@ -70,7 +70,7 @@ for run in json.loads(sys.argv[2]):
         error = None
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
-    found[run["name"]] = {"calls": list(calls), "set_device": list(devices), "error": error}
+    found.append({"calls": list(calls), "set_device": list(devices), "error": error})
 print(json.dumps(found))
 """
 
@@ -131,21 +131,28 @@ def course_scripts(tmp_path: Path) -> dict[str, Path]:
     return found
 
 
-def record_joins(scripts: dict[str, Path], environment: dict, runs: dict[str, list], tmp_path: Path) -> dict:
+def record_joins(scripts: dict[str, Path], groups: dict[str, tuple[dict, dict]], tmp_path: Path) -> dict:
+    """For each group (an environment and the runs made in it), each script's joins: one subprocess."""
     specs = []
-    for name, extra in runs.items():
-        argv = [str(scripts[name]), *[str(tmp_path / "out") if a == "OUT" else a for a in extra]]
-        call, args = CALL.get(name, (None, []))
-        specs.append({"name": name, "argv": argv, "call": call, "args": args})
+    for group, (environment, runs) in groups.items():
+        for name, extra in runs.items():
+            argv = [str(scripts[name]), *[str(tmp_path / "out") if a == "OUT" else a for a in extra]]
+            call, args = CALL.get(name, (None, []))
+            specs.append(
+                {"group": group, "name": name, "environment": environment, "argv": argv, "call": call, "args": args}
+            )
     result = subprocess.run(
-        [sys.executable, "-c", JOIN_RECORDER, json.dumps(environment), json.dumps(specs)],
+        [sys.executable, "-c", JOIN_RECORDER, json.dumps(specs)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    found = defaultdict(dict)
+    for spec, run in zip(specs, json.loads(result.stdout.splitlines()[-1])):
+        found[spec["group"]][spec["name"]] = run
+    return found
 
 
 def assert_bound_to_its_gpu(found: dict, local_rank: int):
@@ -165,25 +172,27 @@ def assert_bound_to_its_gpu(found: dict, local_rank: int):
 
 
 @pytest.fixture(scope="module")
-def scripts(tmp_path_factory):
-    return course_scripts(tmp_path_factory.mktemp("scripts"))
-
-
-def test_under_torchrun_every_script_binds_its_nccl_group_to_local_rank(scripts, tmp_path):
-    runs = {name: ARGS.get(name, []) for name in scripts if name not in NO_GROUP}
-    assert len(runs) >= 25, sorted(runs)
-    assert_bound_to_its_gpu(record_joins(scripts, TORCHRUN, runs, tmp_path), local_rank=1)
-
-
-def test_after_a_restart_each_attempt_binds_its_group_too(scripts, tmp_path):
-    found = record_joins(scripts, AGENT_STORE, RESTARTABLE, tmp_path)
-    assert_bound_to_its_gpu(found, local_rank=1)
-
-
-def test_a_plain_python_run_binds_its_group_of_one_to_cuda_0(scripts, tmp_path):
-    """Scripts that also run without torchrun (COURSE.md's contract) join a group of one on cuda:0."""
-    plain = {
-        name: ARGS.get(name, []) for name in scripts if name.startswith(("train_", "bench_")) and name not in NO_GROUP
-    }
+def joins(tmp_path_factory):
+    """Every script run as it is under torchrun, after a restart, and as plain python, with 8 fake GPUs."""
+    scripts = course_scripts(tmp_path_factory.mktemp("scripts"))
+    under_torchrun = {name: ARGS.get(name, []) for name in scripts if name not in NO_GROUP}
+    # Scripts that also run without torchrun (what every training script of the course accepts).
+    plain = {name: ARGS.get(name, []) for name in scripts if name.startswith(("train_", "bench_"))}
     plain.update({name: [] for name in scripts if name.startswith(("c05_", "c06_", "c07_", "c08_", "c11_"))})
-    assert_bound_to_its_gpu(record_joins(scripts, PLAIN, plain, tmp_path), local_rank=0)
+    plain = {name: args for name, args in plain.items() if name not in NO_GROUP}
+    groups = {"torchrun": (TORCHRUN, under_torchrun), "restart": (AGENT_STORE, RESTARTABLE), "plain": (PLAIN, plain)}
+    return record_joins(scripts, groups, tmp_path_factory.mktemp("runs"))
+
+
+def test_under_torchrun_every_script_binds_its_nccl_group_to_local_rank(joins):
+    assert len(joins["torchrun"]) >= 25, sorted(joins["torchrun"])
+    assert_bound_to_its_gpu(joins["torchrun"], local_rank=1)
+
+
+def test_after_a_restart_each_attempt_binds_its_group_too(joins):
+    assert_bound_to_its_gpu(joins["restart"], local_rank=1)
+
+
+def test_a_plain_python_run_binds_its_group_of_one_to_cuda_0(joins):
+    assert len(joins["plain"]) >= 10, sorted(joins["plain"])
+    assert_bound_to_its_gpu(joins["plain"], local_rank=0)

@@ -43,10 +43,10 @@ def usable_cores() -> int:
 
 
 def describe() -> Machine:
-    """This machine, asked without initialising CUDA in this process (the GPUs' names come from a
-    short-lived child process), so that a notebook can still fork and its GPUs stay free for the
-    jobs it launches."""
-    gpus = [gpu["name"] for gpu in cuda_devices()] if torch.cuda.is_available() else []
+    """This machine, asked without initialising CUDA in this process (``device_count()`` asks the
+    driver's NVML; the GPUs' names come from a short-lived child process), so that a notebook can
+    still fork and its GPUs stay free for the jobs it launches."""
+    gpus = [gpu["name"] for gpu in cuda_devices()] if torch.cuda.device_count() > 0 else []
     return Machine(
         python=platform.python_version(),
         torch=torch.__version__,
@@ -211,6 +211,9 @@ class CudaFacts:
 
 
 def cuda_facts() -> CudaFacts:
+    """What decides whether torch can use the GPUs. ``torch.cuda.is_available()`` starts the driver in
+    this process, after which a fork cannot use CUDA: for a report (chapter 00), not for a kernel that
+    forks later (chapter 12)."""
     rows = nvidia_smi("name", "driver_version", "compute_cap", "compute_mode") or []
     gpus = [{"name": r[0], "capability": r[2], "compute_mode": r[3]} for r in rows if len(r) == 4]
     return CudaFacts(
