@@ -9,70 +9,15 @@ barrier and errors surface late). Every way a script joins is taken: under torch
 torchrun's restartable agent store, and as a plain ``python`` run.
 """
 
-import json
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+from helpers import run_until_joined
 from parallel_course.scriptdiff import written_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Runs each script given on the command line as __main__, with 8 fake GPUs, until it joins.
-JOIN_RECORDER = r"""
-import json, os, runpy, sys
-import torch
-import torch.distributed as dist
-
-
-class Joined(Exception):
-    pass
-
-
-calls, devices = [], []
-
-
-def recording_init(backend=None, *args, **kwargs):
-    device_id = kwargs.get("device_id")
-    calls.append({"backend": backend, "device_id": None if device_id is None else str(device_id)})
-    raise Joined
-
-
-torch.cuda.is_available = lambda: True
-torch.cuda.device_count = lambda: 8
-def recording_set_device(device):
-    devices.append(str(torch.device("cuda", device) if isinstance(device, int) else device))
-
-
-torch.cuda.set_device = recording_set_device
-dist.init_process_group = recording_init
-dist.TCPStore = lambda *args, **kwargs: dist.HashStore()  # torchrun's agent store, here in memory
-found = []
-for run in json.loads(sys.argv[1]):
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
-        os.environ.pop(key, None)
-    os.environ.update(run["environment"])
-    calls.clear()
-    devices.clear()
-    sys.argv = run["argv"]
-    sys.path.insert(0, os.path.dirname(run["argv"][0]))
-    try:
-        if run.get("call"):
-            runpy.run_path(run["argv"][0])[run["call"]](*run["args"])
-        else:
-            runpy.run_path(run["argv"][0], run_name="__main__")
-        error = "finished without joining a group"
-    except Joined:
-        error = None
-    except BaseException as e:
-        error = f"{type(e).__name__}: {e}"
-    found.append({"calls": list(calls), "set_device": list(devices), "error": error})
-print(json.dumps(found))
-"""
 
 # Two nodes of two processes each; this is the second process of the second node.
 TORCHRUN = {
@@ -132,26 +77,16 @@ def course_scripts(tmp_path: Path) -> dict[str, Path]:
 
 
 def record_joins(scripts: dict[str, Path], groups: dict[str, tuple[dict, dict]], tmp_path: Path) -> dict:
-    """For each group (an environment and the runs made in it), each script's joins: one subprocess."""
+    """For each group (an environment and the runs made in it), how each script joined, with 8 fake GPUs."""
     specs = []
     for group, (environment, runs) in groups.items():
         for name, extra in runs.items():
             argv = [str(scripts[name]), *[str(tmp_path / "out") if a == "OUT" else a for a in extra]]
             call, args = CALL.get(name, (None, []))
-            specs.append(
-                {"group": group, "name": name, "environment": environment, "argv": argv, "call": call, "args": args}
-            )
-    result = subprocess.run(
-        [sys.executable, "-c", JOIN_RECORDER, json.dumps(specs)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+            specs.append((group, name, {"environment": environment, "argv": argv, "call": call, "args": args}))
     found = defaultdict(dict)
-    for spec, run in zip(specs, json.loads(result.stdout.splitlines()[-1])):
-        found[spec["group"]][spec["name"]] = run
+    for (group, name, _), run in zip(specs, run_until_joined([s for *_, s in specs], tmp_path, fake_gpus=8)):
+        found[group][name] = run
     return found
 
 
@@ -159,14 +94,14 @@ def assert_bound_to_its_gpu(found: dict, local_rank: int):
     wrong = []
     for name, run in found.items():
         expected = 3 if name in GLOBAL_RANK_AS_GPU and local_rank == 1 else local_rank
-        if run["error"]:
-            wrong.append(f"{name}: {run['error']}")
-        elif [c["backend"] for c in run["calls"]] != ["nccl"]:
-            wrong.append(f"{name}: joined with {run['calls']} on a machine with a GPU per process (expected nccl)")
+        if run["stopped"] != "joined a group":
+            wrong.append(f"{name}: {run['stopped']} {run['errors']}")
+        elif [c["backend"] for c in run["joins"]] != ["nccl"]:
+            wrong.append(f"{name}: joined with {run['joins']} on a machine with a GPU per process (expected nccl)")
         elif run["set_device"] != [f"cuda:{expected}"]:
             wrong.append(f"{name}: set_device({run['set_device']}), expected cuda:{expected}")
-        elif run["calls"][0]["device_id"] != f"cuda:{expected}":
-            found = run["calls"][0]["device_id"]
+        elif run["joins"][0]["device_id"] != f"cuda:{expected}":
+            found = run["joins"][0]["device_id"]
             wrong.append(f"{name}: init_process_group(device_id={found}), expected cuda:{expected}")
     assert not wrong, "on nccl, every group must be bound to the process's GPU:\n" + "\n".join(wrong)
 

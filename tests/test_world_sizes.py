@@ -10,54 +10,18 @@ A CPU machine cannot launch 8 processes of every script within the suite's time,
 The notebooks launch the same scripts at 2 and 4, and `make test-gpu` at every GPU (tests/test_gpu.py).
 """
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import run_until_joined
 from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-
-# Runs each script as rank 0 of a world of the given size; reports how it stopped. A join ends it.
-AS_RANK_ZERO = r"""
-import contextlib, io, json, os, runpy, sys
-import torch.distributed as dist
-
-
-class Joined(Exception):
-    pass
-
-
-def joined(*args, **kwargs):
-    raise Joined
-
-
-dist.init_process_group = joined
-found = []
-for script, world_size, args in json.loads(sys.argv[1]):
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29400")
-    sys.argv, stderr = [script, *args], io.StringIO()
-    sys.path.insert(0, os.path.dirname(script))
-    try:
-        with contextlib.redirect_stderr(stderr):
-            runpy.run_path(script, run_name="__main__")
-        how = "finished"
-    except Joined:
-        how = "joined a group"
-    except SystemExit as e:
-        how = f"exit {e.code if isinstance(e.code, int) else 1}"
-        if not isinstance(e.code, int | None):
-            stderr.write(str(e.code) + "\n")
-    found.append({"how": how, "errors": [line for line in stderr.getvalue().splitlines() if ": error: " in line]})
-print(json.dumps(found))
-"""
 
 # (script, world size, arguments): counts each script cannot run, and must refuse.
 REFUSED = [
@@ -87,23 +51,32 @@ ACCEPTED = [
 def stops(tmp_path_factory):
     """How each case of REFUSED and ACCEPTED stopped, run as rank 0 of its world (one subprocess)."""
     cases = REFUSED + ACCEPTED
-    runs = [(str(SCRIPTS / script), n, args) for script, n, args in cases]
-    result = subprocess.run(
-        [sys.executable, "-c", AS_RANK_ZERO, json.dumps(runs)],
-        cwd=tmp_path_factory.mktemp("rank0"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return dict(zip(map(repr, cases), json.loads(result.stdout.splitlines()[-1])))
+    runs = [
+        {
+            "argv": [str(SCRIPTS / script), *args],
+            "environment": {
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": str(n),
+                "LOCAL_WORLD_SIZE": str(n),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29400",
+            },
+        }
+        for script, n, args in cases
+    ]
+    return dict(zip(map(repr, cases), run_until_joined(runs, tmp_path_factory.mktemp("rank0"))))
 
 
 def test_counts_a_script_cannot_run_are_refused_in_one_line_before_it_starts(stops):
     wrong = []
     for script, n, args in REFUSED:
         found = stops[repr((script, n, args))]
-        if found["how"] == "joined a group" or len(found["errors"]) != 1 or not found["errors"][0].startswith(script):
+        if (
+            found["stopped"] == "joined a group"
+            or len(found["errors"]) != 1
+            or not found["errors"][0].startswith(script)
+        ):
             wrong.append(f"{script} at {n} processes {args}: {found}")
     assert not wrong, "\n".join(wrong)
 
@@ -112,7 +85,7 @@ def test_counts_where_the_arithmetic_changes_are_accepted(stops):
     wrong = [
         f"{script} at {n} processes {args}: {stops[repr((script, n, args))]}"
         for script, n, args in ACCEPTED
-        if stops[repr((script, n, args))]["how"] != "joined a group"
+        if stops[repr((script, n, args))]["stopped"] != "joined a group"
     ]
     assert not wrong, "\n".join(wrong)
 
