@@ -49,10 +49,10 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --no-loadscope-reorder
 
-# The nccl paths the CPU suite cannot reach (tests/test_gpu.py; -rs prints why a test skipped).
+# The nccl paths the CPU suite cannot reach (tests/gpu/test_gpu.py; -rs prints why a test skipped).
 # PYTEST_ARGS selects parts, e.g. make test-gpu PYTEST_ARGS="-k notebook".
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -m gpu tests/test_gpu.py -v -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m gpu tests/gpu/test_gpu.py -v -rs $(PYTEST_ARGS)
 
 # Instructors: every lecture notebook as an offline reveal.js deck in build/slides/
 # (reveal.js and MathJax come from the npm registry once; the decks then need no network).

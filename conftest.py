@@ -30,35 +30,37 @@ ROOT = Path(__file__).resolve().parent
 # The authoring tools (labs from solutions, script export) live in tools/, outside the package
 # students import; the tests that check them import them from there.
 sys.path.insert(0, str(ROOT / "tools"))
+# What several test folders share (helpers, browser) sits in tests/.
+sys.path.insert(0, str(ROOT / "tests"))
 RUN_MARK = "PARALLEL_COURSE_TEST_RUN"
 # The pid of the session that owns the mark: it alone stops the marked processes and checks the
 # aftermath. A pytest run that a test starts inherits both and owns nothing (it would otherwise
 # stop the suite's own workers when it ends); a test that wants a run of its own gives it a new
-# mark and no owner (tests/test_interrupts.py).
+# mark and no owner (tests/harness/test_interrupts.py).
 RUN_OWNER = "PARALLEL_COURSE_TEST_RUN_OWNER"
 _owner = False  # whether this process owns the run: set by pytest_configure
 # Files that write the same names into one work/ folder: one unit of work, run in this order.
 # 04 and 09 each write their own version of notebooks/work/train_ddp.py.
 SHARED_WORK = ("notebooks/04_distributed_data_parallel.ipynb", "notebooks/09_fault_tolerance_and_debugging.ipynb")
 # Runs a notebook again, in its own folder (test_rerun.py): in the unit of that notebook, after it.
-RERUN_TEST = "tests/test_rerun.py::test_a_notebook_passes_twice_in_a_row["
+RERUN_TEST = "tests/launches/test_rerun.py::test_a_notebook_passes_twice_in_a_row["
 NOTEBOOKS_RUN: set[str] = set()  # the notebooks whose cells this process has run
 MAX_WORKERS = 2  # what the suite is tested with: a 2-core CI machine, one core of it busy or not
 # Cheap checks of the whole checkout: first, so that a lint error shows in seconds.
-EARLY = ("tests/test_lint.py",)
+EARLY = ("tests/course/test_lint.py",)
 # Test files that launch many jobs (torchrun, JupyterLab, a browser): after the notebooks.
 HEAVY = (
-    "tests/test_fault_tolerance.py",
-    "tests/test_jupyterlab.py",
-    "tests/test_slides.py",
-    "tests/test_labs.py",
-    "tests/test_train_ddp.py",
-    "tests/test_bench_scripts.py",
-    "tests/test_cluster.py",
-    "tests/test_interrupts.py",
-    "tests/test_rerun.py",
-    "tests/test_world_sizes.py",
-    "tests/test_nccl_paths.py",
+    "tests/launches/test_fault_tolerance.py",
+    "tests/browser/test_jupyterlab.py",
+    "tests/browser/test_slides.py",
+    "tests/course/test_labs.py",
+    "tests/launches/test_train_ddp.py",
+    "tests/launches/test_bench_scripts.py",
+    "tests/launches/test_cluster.py",
+    "tests/harness/test_interrupts.py",
+    "tests/launches/test_rerun.py",
+    "tests/launches/test_world_sizes.py",
+    "tests/launches/test_nccl_paths.py",
 )
 
 _seconds_per_file: dict[str, float] = defaultdict(float)

@@ -1,7 +1,7 @@
 """Run a command while one core is kept busy: is the test suite robust on a loaded machine?
 
     python tools/with_busy_core.py make test          # the whole suite beside a CPU hog
-    python tools/with_busy_core.py --hogs 2 pytest tests/test_launch.py
+    python tools/with_busy_core.py --hogs 2 pytest tests/launches/test_launch.py
 
 A CI runner or a student's laptop is rarely idle. The hog is a plain Python busy loop (one core
 each); it starts before the command and is killed when the command ends, fails or is interrupted.

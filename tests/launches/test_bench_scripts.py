@@ -20,7 +20,7 @@ from helpers import load_script
 from parallel_course import perf
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALLREDUCE = ROOT / "scripts" / "bench_allreduce.py"
 SCALING = ROOT / "scripts" / "bench_scaling.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

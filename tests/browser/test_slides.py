@@ -1,7 +1,7 @@
 """`make slides` decks work offline: reveal.js starts, there are slides and speaker notes, no
 slide overflows its frame, math is typeset, and no request leaves the machine. A screenshot of
 one slide is kept in build/test-artifacts/. The slide view itself (tools/slide_view.py) is
-tested without a browser in tests/test_slide_view.py."""
+tested without a browser in tests/course/test_slide_view.py."""
 
 import os
 import re

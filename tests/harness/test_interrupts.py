@@ -20,7 +20,7 @@ import pytest
 
 from conftest import RUN_MARK, RUN_OWNER, alive_marked_processes, kill_marked_processes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 # Two workers that say they have started, then wait far longer than any test.

@@ -30,7 +30,7 @@ import yaml
 from helpers import load_script
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "scripts" / "cluster"
 SBATCH = CLUSTER / "train_ddp.sbatch"
 MANIFEST = CLUSTER / "pytorchjob.yaml"

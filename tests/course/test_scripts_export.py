@@ -10,7 +10,7 @@ from pathlib import Path
 
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_scripts_equal_their_last_writefile_cell():

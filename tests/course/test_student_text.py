@@ -14,7 +14,7 @@ from urllib.parse import unquote
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MISTAKES = ROOT / "MISTAKES.md"
 ENTRY = re.compile(r"^### (M\d+)\b(.*)$", re.M)
 LINK = re.compile(r"\]\((notebooks/[\w.-]+\.ipynb)#([^)\s]+)\)")

@@ -7,7 +7,7 @@ A CPU machine cannot launch 8 processes of every script within the suite's time,
 - the counts where a script's own arithmetic changes are launched for real: one process (as
   plain `python`: a pipeline of one stage, tensor parallelism on one rank) and three (8 layers
   over 3 stages).
-The notebooks launch the same scripts at 2 and 4, and `make test-gpu` at every GPU (tests/test_gpu.py).
+The notebooks launch the same scripts at 2 and 4, and `make test-gpu` at every GPU (tests/gpu/test_gpu.py).
 """
 
 import os
@@ -19,7 +19,7 @@ import pytest
 from helpers import run_until_joined
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 

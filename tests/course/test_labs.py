@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 
 from labgen import is_solution_cell
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 
 

@@ -17,7 +17,7 @@ import torch
 from helpers import load_script
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TRAIN_ARGS = ["--epochs", "3", "--global-batch-size", "32", "--samples", "256", "--seed", "1"]

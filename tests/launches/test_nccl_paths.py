@@ -17,7 +17,7 @@ import pytest
 from helpers import run_until_joined
 from parallel_course.scriptdiff import written_scripts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Two nodes of two processes each; this is the second process of the second node.
 TORCHRUN = {

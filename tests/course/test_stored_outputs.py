@@ -16,7 +16,7 @@ import pytest
 
 from helpers import LECTURES, SOLUTIONS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = [*LECTURES, *SOLUTIONS]
 # An absolute path into a home folder, a root account, a CI workspace or a temporary folder.
 ABSOLUTE = re.compile(r"(?<![\w.])/(home|root|Users|work|tmp|private|var/folders|opt|mnt)/[\w.-]+")

@@ -23,7 +23,7 @@ import pytest
 from conftest import NOTEBOOKS_RUN, RERUN_TEST, unit_of_work
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RERUN = [
     "notebooks/08_sharding_zero_fsdp.ipynb",  # saves and loads a sharded checkpoint
     "notebooks/09_fault_tolerance_and_debugging.ipynb",  # resumes from checkpoints, crashes, hangs

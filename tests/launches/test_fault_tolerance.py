@@ -29,7 +29,7 @@ import torch
 from helpers import load_script
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 # 4 epochs of 32 steps (global batch 32 of 1024 samples), a checkpoint every 5 steps

@@ -2,7 +2,7 @@
 
 The layouts themselves (the same losses as one process in ddp, fsdp, tp and 2d with sequence
 parallelism, each rank storing its share) are launched and asserted by notebook 11 under strict nbval, and on nccl by
-tests/test_gpu.py; here the argument checks run in this process, and one bad command line as a
+tests/gpu/test_gpu.py; here the argument checks run in this process, and one bad command line as a
 process: one error line, exit code 2, nothing written.
 """
 
@@ -14,7 +14,7 @@ import pytest
 from helpers import load_script
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_gpt.py"
 
 

@@ -48,7 +48,7 @@ from parallel_course import machine
 from parallel_course.input_pipeline import host_to_device_seconds
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 

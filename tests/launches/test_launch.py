@@ -118,7 +118,7 @@ def test_torchrun_restarts_the_job_when_asked(tmp_path):
 
 
 def test_with_busy_core_runs_the_command_and_stops_its_hog():
-    tool = Path(__file__).resolve().parent.parent / "tools" / "with_busy_core.py"
+    tool = Path(__file__).resolve().parents[2] / "tools" / "with_busy_core.py"
     code = "import os, psutil; print(sorted(c.pid for c in psutil.Process(os.getppid()).children()))"
     result = subprocess.run(
         [sys.executable, str(tool), sys.executable, "-c", code], capture_output=True, text=True, timeout=60

@@ -10,7 +10,7 @@ import pytest
 from helpers import LABS, LECTURES, SOLUTIONS, chapter
 from parallel_course.scriptdiff import written_scripts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALL = LECTURES + SOLUTIONS + LABS
 
 

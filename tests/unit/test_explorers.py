@@ -1,5 +1,5 @@
 """The explorers (parallel_course.explorers): each follows its controls, shows its text and figure
-from the start, and keeps a short repr (what a notebook stores). tests/test_jupyterlab.py drives
+from the start, and keeps a short repr (what a notebook stores). tests/browser/test_jupyterlab.py drives
 each one in a real browser."""
 
 import pytest

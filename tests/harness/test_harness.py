@@ -9,7 +9,7 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from parallel_course.launch import run_bounded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_nbval_on_launch(tmp_path, script_body: str):
@@ -77,8 +77,11 @@ def test_a_worker_runs_each_file_whole_and_the_files_sharing_work_names_together
     lecture = "notebooks/10_multi_node_and_clusters.ipynb"
     assert unit_of_work(f"{lecture}::Cell 4") == lecture
     assert unit_of_work(f"{RERUN_TEST}{lecture}]") == lecture
-    assert unit_of_work("tests/test_launch.py::test_x[a::b]") == "tests/test_launch.py"
-    assert unit_of_work("tests/test_rerun.py::test_two_checkouts_run_a_notebook_at_once") == "tests/test_rerun.py"
+    assert unit_of_work("tests/launches/test_launch.py::test_x[a::b]") == "tests/launches/test_launch.py"
+    assert (
+        unit_of_work("tests/launches/test_rerun.py::test_two_checkouts_run_a_notebook_at_once")
+        == "tests/launches/test_rerun.py"
+    )
     shared = {unit_of_work(f"{path}::Cell 1") for path in SHARED_WORK}
     assert shared == {unit_of_work(f"{RERUN_TEST}notebooks/09_fault_tolerance_and_debugging.ipynb]")}
     assert len(shared) == 1 and "notebooks/04_distributed_data_parallel.ipynb" in SHARED_WORK
