@@ -1,8 +1,8 @@
 """The course's explorers: controls -> a plain function -> text and a figure (``base.Explorer``).
 
 One module per explorer: ``placement`` (chapter 00), ``cost_model`` (01), ``ring`` (03),
-``pipeline`` (07a), ``zero`` (08), ``layout_memory`` (11). Tested in tests/unit/test_explorers.py, and each driven in a real
-browser by tests/browser/test_jupyterlab.py.
+``pipeline`` (07a), ``zero`` (08), ``layout_memory`` (11). Tested in tests/unit/test_explorers.py,
+and each driven in a real browser by tests/browser/test_jupyterlab.py.
 """
 
 from .cost_model import cost_model_explorer
