@@ -21,6 +21,7 @@ for large messages.
 --impl ring times the course's own ring all-reduce (chapter 03) instead of dist.all_reduce; --impl
 both times the two, alternating them size by size so that both see the same machine load.
 """
+
 import argparse
 import gc
 import json
@@ -61,8 +62,12 @@ def parse_args(argv=None):
     parser.add_argument("--factor", type=int, default=2, help="size multiplier between steps (default 2)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size (default 5)")
     parser.add_argument("--iters", type=int, default=20, help="timed all-reduces per size (default 20)")
-    parser.add_argument("--impl", choices=["torch", "ring", "both"], default="torch",
-                        help="dist.all_reduce (torch), the course's ring (chapter 03), or both (default torch)")
+    parser.add_argument(
+        "--impl",
+        choices=["torch", "ring", "both"],
+        default="torch",
+        help="dist.all_reduce (torch), the course's ring (chapter 03), or both (default torch)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="print a summary line, not the table")
@@ -87,8 +92,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -199,39 +210,64 @@ def main():
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # an all-reduce ends when the last rank is done
             t = statistics.median(slowest.cpu().tolist())
             algbw = nbytes / t
-            results[impl].append({"bytes": nbytes, "count": nbytes // 4, "time_s": t,
-                                  "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * bus_factor})
+            results[impl].append(
+                {
+                    "bytes": nbytes,
+                    "count": nbytes // 4,
+                    "time_s": t,
+                    "algbw_bytes_per_s": algbw,
+                    "busbw_bytes_per_s": algbw * bus_factor,
+                }
+            )
     ok = torch.tensor([1.0 if checked else 0.0], device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
 
     if rank == 0:
-        report = {"world_size": world_size, "backend": backend, "device": device.type,
-                  "threads_per_process": args.threads, "warmup": args.warmup, "iters": args.iters,
-                  "statistic": "median over iterations of the slowest rank's time",
-                  "results_checked": bool(ok.item()), "impls": {}}
-        lines = [(f"# all_reduce: {world_size} ranks, backend={backend} device={device.type}, float32 sum, "
-                  f"median of {args.iters} (after {args.warmup} warm-up)")]
+        report = {
+            "world_size": world_size,
+            "backend": backend,
+            "device": device.type,
+            "threads_per_process": args.threads,
+            "warmup": args.warmup,
+            "iters": args.iters,
+            "statistic": "median over iterations of the slowest rank's time",
+            "results_checked": bool(ok.item()),
+            "impls": {},
+        }
+        lines = [
+            (
+                f"# all_reduce: {world_size} ranks, backend={backend} device={device.type}, float32 sum, "
+                f"median of {args.iters} (after {args.warmup} warm-up)"
+            )
+        ]
         for impl in impls:
             fit, why = None, None
             try:
-                fit = fit_alpha_beta([r["bytes"] for r in results[impl]], [r["time_s"] for r in results[impl]],
-                                     world_size)
+                fit = fit_alpha_beta(
+                    [r["bytes"] for r in results[impl]], [r["time_s"] for r in results[impl]], world_size
+                )
             except ValueError as error:
                 why = str(error)
             report["impls"][impl] = {"sizes": results[impl], "fit": fit, "no_fit": why}
             lines.append(f"# impl={impl}")
             lines.append(f"#{'size':>12} {'count':>10} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
             for r in results[impl]:
-                lines.append(f" {r['bytes']:>12} {r['count']:>10} {1e6 * r['time_s']:>10.1f} "
-                             f"{r['algbw_bytes_per_s'] / 1e9:>12.3f} {r['busbw_bytes_per_s'] / 1e9:>12.3f}")
+                lines.append(
+                    f" {r['bytes']:>12} {r['count']:>10} {1e6 * r['time_s']:>10.1f} "
+                    f"{r['algbw_bytes_per_s'] / 1e9:>12.3f} {r['busbw_bytes_per_s'] / 1e9:>12.3f}"
+                )
             if fit:
-                lines.append(f"# alpha-beta fit: alpha = {1e6 * fit['alpha_s']:.1f} us, "
-                             f"beta = {fit['beta_bytes_per_s'] / 1e9:.3f} GB/s (bus bandwidth)")
+                lines.append(
+                    f"# alpha-beta fit: alpha = {1e6 * fit['alpha_s']:.1f} us, "
+                    f"beta = {fit['beta_bytes_per_s'] / 1e9:.3f} GB/s (bus bandwidth)"
+                )
             elif world_size == 1:
                 lines.append("# one process: nothing is exchanged (busbw = 0); run under torchrun with 2+ processes")
             elif "does not grow" in why:
-                lines.append("# alpha-beta fit: the time does not grow with the size in this range "
-                             "(latency-bound): raise --max-bytes to see the bandwidth")
+                lines.append(
+                    "# alpha-beta fit: the time does not grow with the size in this range "
+                    "(latency-bound): raise --max-bytes to see the bandwidth"
+                )
             else:
                 lines.append(f"# alpha-beta fit: not possible here ({why})")
         lines.append(f"# results checked against the expected sum: {'OK' if ok.item() else 'WRONG'}")
@@ -240,10 +276,11 @@ def main():
             args.json.write_text(json.dumps(report, indent=1) + "\n")
             lines.append(f"# wrote {args.json}")
         if args.quiet:
-            lines = [f"all_reduce {', '.join(impls)}: {world_size} ranks, backend={backend} device={device.type}, "
-                     f"{len(sizes)} sizes from {human(sizes[0])} to {human(sizes[-1])}, "
-                     f"results checked: {'OK' if ok.item() else 'WRONG'}"
-                     + (f", wrote {args.json}" if args.json else "")]
+            lines = [
+                f"all_reduce {', '.join(impls)}: {world_size} ranks, backend={backend} device={device.type}, "
+                f"{len(sizes)} sizes from {human(sizes[0])} to {human(sizes[-1])}, "
+                f"results checked: {'OK' if ok.item() else 'WRONG'}" + (f", wrote {args.json}" if args.json else "")
+            ]
         sys.stdout.write("\n".join(lines) + "\n")
     return 0 if ok.item() else 1
 

@@ -36,6 +36,7 @@ bucket once it holds at least its cap. With --bucket-cap-mb unset (DDP's default
 bucket's cap is 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) and the others' 25 MiB; with
 --bucket-cap-mb C every cap is C MiB (torch/nn/parallel/distributed.py, _BucketCapacityConfig).
 """
+
 import argparse
 import gc
 import itertools
@@ -66,13 +67,19 @@ MODELS = {  # name: (layer widths, default global batch, loss)
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=[*MODELS, "both"], default="both", help="default: both")
-    parser.add_argument("--global-batch-size", type=int, help="samples per step, all processes together "
-                        "(default: 64 for small, 2048 for compute)")
+    parser.add_argument(
+        "--global-batch-size",
+        type=int,
+        help="samples per step, all processes together (default: 64 for small, 2048 for compute)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
-    parser.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb (default: unset, DDP's "
-                        "default: a 1 MiB first bucket, then 25 MiB)")
+    parser.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        help="DDP's bucket_cap_mb (default: unset, DDP's default: a 1 MiB first bucket, then 25 MiB)",
+    )
     parser.add_argument("--nproc-list", help="plain python only: also run DDP with these process counts, e.g. 1,2")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per torchrun job (default 300)")
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
@@ -174,8 +181,10 @@ def data_parallel_run(name, batch, args, device):
     model = nn.DataParallel(make_model(name, device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = make_batch(name, batch, device, seed=0)
-    variants = {"one_process_s": baseline(name, batch, device),
-                "step_s": lambda: train_step(model, optimizer, x, y, MODELS[name][2])}
+    variants = {
+        "one_process_s": baseline(name, batch, device),
+        "step_s": lambda: train_step(model, optimizer, x, y, MODELS[name][2]),
+    }
     return with_speedup(alternate(variants, args.warmup, args.steps, device), batch, torch.cuda.device_count())
 
 
@@ -221,8 +230,10 @@ def ddp_run(name, batch, args, device):
         one_ddp = DDP(one_model, process_group=group, bucket_cap_mb=args.bucket_cap_mb)
         one_optimizer = torch.optim.SGD(one_ddp.parameters(), lr=0.01)
         x1, y1 = make_batch(name, batch, device, seed=0)
-    variants = {"one_process_s": baseline(name, batch, device) if rank == 0 else idle,
-                "ddp_one_s": (lambda: train_step(one_ddp, one_optimizer, x1, y1, loss_name)) if rank == 0 else idle}
+    variants = {
+        "one_process_s": baseline(name, batch, device) if rank == 0 else idle,
+        "ddp_one_s": (lambda: train_step(one_ddp, one_optimizer, x1, y1, loss_name)) if rank == 0 else idle,
+    }
 
     model = make_model(name, device)
     buckets = gradient_buckets(model, args.bucket_cap_mb, device)
@@ -239,17 +250,30 @@ def ddp_run(name, batch, args, device):
             for work in [dist.all_reduce(b, async_op=True) for b in buckets]:
                 work.wait()
 
-        variants.update(step_s=lambda: train_step(ddp_model, optimizer, x, y, loss_name),
-                        compute_s=compute_only, comm_s=comm_only)
+        variants.update(
+            step_s=lambda: train_step(ddp_model, optimizer, x, y, loss_name), compute_s=compute_only, comm_s=comm_only
+        )
     t = alternate(variants, args.warmup, args.steps, device)
     layout = {"buckets": len(buckets), "bucket_bytes": [b.numel() * 4 for b in buckets]}
-    results = {"1": with_speedup({"step_s": t["ddp_one_s"], "one_process_s": t["one_process_s"], "overlap": None,
-                                  **layout}, batch, 1)}
+    results = {
+        "1": with_speedup(
+            {"step_s": t["ddp_one_s"], "one_process_s": t["one_process_s"], "overlap": None, **layout}, batch, 1
+        )
+    }
     if world_size > 1:
         overlap = (t["compute_s"] + t["comm_s"] - t["step_s"]) / t["comm_s"]
-        results[str(world_size)] = with_speedup({"step_s": t["step_s"], "one_process_s": t["one_process_s"],
-                                                 "compute_s": t["compute_s"], "comm_s": t["comm_s"],
-                                                 "overlap": overlap, **layout}, batch, world_size)
+        results[str(world_size)] = with_speedup(
+            {
+                "step_s": t["step_s"],
+                "one_process_s": t["one_process_s"],
+                "compute_s": t["compute_s"],
+                "comm_s": t["comm_s"],
+                "overlap": overlap,
+                **layout,
+            },
+            batch,
+            world_size,
+        )
     return results
 
 
@@ -262,8 +286,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -278,9 +308,25 @@ def setup():
 
 def launch(n, args, out):
     """DDP with n processes: this script under torchrun, killed with its workers after --timeout."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
-           "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--threads", str(args.threads), "--json", str(out), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        __file__,
+        "--model",
+        args.model,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+        "--json",
+        str(out),
+        "--quiet",
+    ]
     if args.bucket_cap_mb is not None:
         cmd += ["--bucket-cap-mb", str(args.bucket_cap_mb)]
     if args.global_batch_size:
@@ -288,8 +334,9 @@ def launch(n, args, out):
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         _, err = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -304,25 +351,33 @@ def launch(n, args, out):
 def table(report):
     lines = []
     for name, m in report["models"].items():
-        lines.append(f"# model={name}: {m['parameters']} parameters ({m['gradient_bytes'] / 2**20:.2f} MB of "
-                     f"gradients), global batch {m['global_batch']}, {report['backend']} on {report['device']}")
-        lines.append(f"#{'configuration':<14} {'procs':>5} {'step(ms)':>9} {'1 proc(ms)':>10} {'speedup':>8} "
-                     f"{'effic.':>7} {'compute(ms)':>12} {'comm(ms)':>9} {'overlap':>8}")
+        lines.append(
+            f"# model={name}: {m['parameters']} parameters ({m['gradient_bytes'] / 2**20:.2f} MB of "
+            f"gradients), global batch {m['global_batch']}, {report['backend']} on {report['device']}"
+        )
+        lines.append(
+            f"#{'configuration':<14} {'procs':>5} {'step(ms)':>9} {'1 proc(ms)':>10} {'speedup':>8} "
+            f"{'effic.':>7} {'compute(ms)':>12} {'comm(ms)':>9} {'overlap':>8}"
+        )
         rows = [("DataParallel", report["gpus"], m["data_parallel"])] if "step_s" in m["data_parallel"] else []
         rows += [("DDP", int(n), r) for n, r in m["ddp"].items()]
         for label, n, r in rows:
             extra = ""
             if r.get("overlap") is not None:
                 extra = f" {1e3 * r['compute_s']:>12.2f} {1e3 * r['comm_s']:>9.2f} {r['overlap']:>8.2f}"
-            lines.append(f" {label:<14} {n:>5} {1e3 * r['step_s']:>9.2f} {1e3 * r['one_process_s']:>10.2f} "
-                         f"{r['speedup']:>8.2f} {r['efficiency']:>7.0%}{extra}")
+            lines.append(
+                f" {label:<14} {n:>5} {1e3 * r['step_s']:>9.2f} {1e3 * r['one_process_s']:>10.2f} "
+                f"{r['speedup']:>8.2f} {r['efficiency']:>7.0%}{extra}"
+            )
         if "skipped" in m["data_parallel"]:
             lines.append(f" DataParallel skipped: {m['data_parallel']['skipped']}")
     lines.append("# 1 proc = one process on the whole batch, timed alternately with the row; speedup = 1 proc / step")
     if any(r.get("overlap") is not None for m in report["models"].values() for r in m["ddp"].values()):
-        lines.append("# overlap = (compute + comm - step) / comm: 1 = the all-reduces hidden behind backward, "
-                     "0 = the two add up, < 0 = the DDP step is slower than computing, then communicating "
-                     "(they compete for the same cores, and DDP's bucket copies are in neither part alone)")
+        lines.append(
+            "# overlap = (compute + comm - step) / comm: 1 = the all-reduces hidden behind backward, "
+            "0 = the two add up, < 0 = the DDP step is slower than computing, then communicating "
+            "(they compete for the same cores, and DDP's bucket copies are in neither part alone)"
+        )
     return lines
 
 
@@ -335,23 +390,36 @@ def main():
     rank = dist.get_rank()
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     children = [n for n in args.nprocs if n > 1] if not launched else []
-    report = {"backend": backend, "device": device.type, "gpus": gpus, "cpu_cores": os.cpu_count(),
-              "threads_per_process": args.threads if device.type == "cpu" else None,
-              "steps": args.steps, "warmup": args.warmup,
-              "statistic": "median over steps of the slowest rank's time; every configuration alternated "
-                           "step by step with one process on the whole batch", "models": {}}
+    report = {
+        "backend": backend,
+        "device": device.type,
+        "gpus": gpus,
+        "cpu_cores": os.cpu_count(),
+        "threads_per_process": args.threads if device.type == "cpu" else None,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "statistic": "median over steps of the slowest rank's time; every configuration alternated "
+        "step by step with one process on the whole batch",
+        "models": {},
+    }
     for name in args.models:
         batch = args.global_batch_size or MODELS[name][1]
         model = make_model(name, device)
-        m = {"global_batch": batch, "parameters": sum(p.numel() for p in model.parameters()),
-             "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()), "ddp": {}}
+        m = {
+            "global_batch": batch,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "ddp": {},
+        }
         if launched or (1 in args.nprocs and not children):  # with torchrun jobs to come, they measure N = 1
             m["ddp"] = ddp_run(name, batch, args, device)
         if not launched and gpus >= 2:
             m["data_parallel"] = data_parallel_run(name, batch, args, device)
         else:
-            m["data_parallel"] = {"skipped": "DataParallel needs 2+ GPUs; without them it runs the "
-                                  "module once on the whole batch (device_ids is empty), nothing in parallel"}
+            m["data_parallel"] = {
+                "skipped": "DataParallel needs 2+ GPUs; without them it runs the "
+                "module once on the whole batch (device_ids is empty), nothing in parallel"
+            }
         report["models"][name] = m
     gc.collect()  # the DDP objects are gone: the group is released here, not at exit,
     dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
@@ -372,8 +440,10 @@ def main():
     if rank == 0:
         lines = []
         if device.type == "cpu":
-            lines.append(f"# CPU: {args.threads} thread(s) per process (--threads), so N processes use N of "
-                         f"the {os.cpu_count()} cores; more processes than free cores is not a fair comparison")
+            lines.append(
+                f"# CPU: {args.threads} thread(s) per process (--threads), so N processes use N of "
+                f"the {os.cpu_count()} cores; more processes than free cores is not a fair comparison"
+            )
         lines += table(report)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

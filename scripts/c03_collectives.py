@@ -1,4 +1,5 @@
 """The six collectives, each printed before -> after in rank order from rank 0."""
+
 import argparse
 import gc
 import sys
@@ -55,9 +56,11 @@ def main():
     dist.all_reduce(mean, op=dist.ReduceOp.AVG)
     totals = torch.stack([samples.sum(), torch.tensor(float(samples.numel()), device=device)])
     dist.all_reduce(totals)  # op=SUM
-    show("mean over all samples, rank r holding r + 1 of them",
-         f"{samples.tolist()}: AVG of the means -> {mean.item():.2f}; SUM of (sum, count) -> "
-         f"{totals[0].item():.0f}/{totals[1].item():.0f} = {(totals[0] / totals[1]).item():.2f}")
+    show(
+        "mean over all samples, rank r holding r + 1 of them",
+        f"{samples.tolist()}: AVG of the means -> {mean.item():.2f}; SUM of (sum, count) -> "
+        f"{totals[0].item():.0f}/{totals[1].item():.0f} = {(totals[0] / totals[1]).item():.2f}",
+    )
 
     gathered = [torch.empty(2, dtype=torch.int64, device=device) for _ in range(world_size)]
     dist.all_gather(gathered, start())

@@ -1,4 +1,5 @@
 """Ring all-reduce with isend/irecv vs passing whole tensors vs dist.all_reduce."""
+
 import argparse
 import gc
 import os
@@ -82,9 +83,11 @@ def main():
     ring, naive = x.clone(), x.clone()
     sent = {"ring": ring_allreduce_(ring), "naive": naive_allreduce_(naive)}
     diff = {"ring": (ring - expected).abs().max().item(), "naive": (naive - expected).abs().max().item()}
-    seconds = {"ring": timed(ring_allreduce_, x, args.repeats),
-               "naive": timed(naive_allreduce_, x, args.repeats),
-               "dist.all_reduce": timed(dist.all_reduce, x, args.repeats)}
+    seconds = {
+        "ring": timed(ring_allreduce_, x, args.repeats),
+        "naive": timed(naive_allreduce_, x, args.repeats),
+        "dist.all_reduce": timed(dist.all_reduce, x, args.repeats),
+    }
 
     reports = [None] * n
     dist.all_gather_object(reports, (sent, diff))

@@ -1,4 +1,5 @@
 """Point to point: send/recv, isend/irecv round a ring, and the deadlock of blocking sends."""
+
 import gc
 import os
 import sys
@@ -34,8 +35,7 @@ def main():
     outgoing = torch.full((2,), float(rank), device=device)
     incoming = torch.empty(2, device=device)
     # posted as one batch: the grouping rule (nccl), harmless on gloo
-    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, outgoing, right),
-                                       dist.P2POp(dist.irecv, incoming, left)])
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, outgoing, right), dist.P2POp(dist.irecv, incoming, left)])
     # the buffer rule: until wait() returns, do not change `outgoing`, do not read `incoming`
     for request in requests:
         request.wait()

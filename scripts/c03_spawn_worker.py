@@ -1,4 +1,5 @@
 """A worker that mp.spawn can start: it lives in a file that the children import."""
+
 import gc
 import socket
 import sys
@@ -24,8 +25,14 @@ def worker(rank, world_size, init_method, results):
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=30),
+        device_id=device if backend == "nccl" else None,
+    )
     x = torch.tensor([rank + 1.0], device=device)
     dist.all_reduce(x)
     results[rank] = x.item()

@@ -1,4 +1,5 @@
 """Who am I? The environment torchrun gives each process, and what seeding does per rank."""
+
 import gc
 import os
 import sys
@@ -35,16 +36,20 @@ def main():
     rank = dist.get_rank()
     env = {k: os.environ[k] for k in ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"]}
     if rank == 0:
-        sys.stdout.write(f"backend={backend} device={device.type}\n"
-                         f"MASTER_ADDR:MASTER_PORT = {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}\n")
+        sys.stdout.write(
+            f"backend={backend} device={device.type}\n"
+            f"MASTER_ADDR:MASTER_PORT = {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}\n"
+        )
     print_in_rank_order(" ".join(f"{k}={v}" for k, v in env.items()))
 
     torch.manual_seed(0)  # the same seed on every rank ...
     same = torch.rand(3)
     torch.manual_seed(0 + rank)  # ... or a seed per rank
     per_rank = torch.rand(3)
-    print_in_rank_order(f"rank {rank}: manual_seed(0) -> {[round(v, 4) for v in same.tolist()]}   "
-                        f"manual_seed(0 + rank) -> {[round(v, 4) for v in per_rank.tolist()]}")
+    print_in_rank_order(
+        f"rank {rank}: manual_seed(0) -> {[round(v, 4) for v in same.tolist()]}   "
+        f"manual_seed(0 + rank) -> {[round(v, 4) for v in per_rank.tolist()]}"
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 Launched as two emulated nodes with one process each (see notebook 04).
 """
+
 import gc
 import os
 import sys
@@ -38,11 +39,15 @@ ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else N
 after = model.weight[0, 0].item()
 params = sum(p.numel() for p in ddp_model.parameters())  # M1: the whole model, on every rank
 
-row = {"node (GROUP_RANK)": os.environ["GROUP_RANK"], "LOCAL_RANK": local_rank,
-       "torch.rand(2), seed 0": " ".join(f"{x:.4f}" for x in same_seed),
-       "torch.rand(2), seed 0 + rank": " ".join(f"{x:.4f}" for x in own_seed),
-       "weight[0,0] before DDP(...)": f"{before:+.4f}", "weight[0,0] after DDP(...)": f"{after:+.4f}",
-       "parameters in this replica": params}
+row = {
+    "node (GROUP_RANK)": os.environ["GROUP_RANK"],
+    "LOCAL_RANK": local_rank,
+    "torch.rand(2), seed 0": " ".join(f"{x:.4f}" for x in same_seed),
+    "torch.rand(2), seed 0 + rank": " ".join(f"{x:.4f}" for x in own_seed),
+    "weight[0,0] before DDP(...)": f"{before:+.4f}",
+    "weight[0,0] after DDP(...)": f"{after:+.4f}",
+    "parameters in this replica": params,
+}
 rows = [None] * world_size
 dist.all_gather_object(rows, row)  # one table, printed by rank 0 in rank order
 if rank == 0:

@@ -1,6 +1,7 @@
 """train_ddp.py launched with mp.spawn, not torchrun: python c04_mp_spawn.py --out work/spawn.
 
 The arguments go to train_ddp.py unchanged; this file only does the launcher's job."""
+
 import gc
 import os
 import socket
@@ -23,8 +24,9 @@ def free_port():
 
 def worker(local_rank, nprocs, argv):  # mp.spawn passes the process index first
     # The launcher's job, done by hand: the variables torchrun would have set.
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
-                      WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs))
+    os.environ.update(
+        RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs)
+    )
     train_ddp.main(argv)
     gc.collect()  # as train_ddp.py's own __main__ block does: free what main() left on the group,
     dist.destroy_process_group()  # then leave it, while Python still runs

@@ -7,6 +7,7 @@
 2. Parameters that take no part in the loss: the error, and find_unused_parameters=True.
 3. Buffers: forward_sync_buffers (broadcast_buffers before torch 2.13), and why BatchNorm statistics need SyncBatchNorm.
 """
+
 import argparse
 import contextlib
 import gc
@@ -44,14 +45,16 @@ def accumulation(device, rank, world_size):
         return allreduce_hook(state, bucket)
 
     results = {}
-    for name, use_no_sync, scale in [("no_sync, loss / accum_steps", True, True),
-                                     ("no_sync, loss NOT scaled", True, False),
-                                     ("no no_sync, loss / accum_steps", False, True)]:
+    for name, use_no_sync, scale in [
+        ("no_sync, loss / accum_steps", True, True),
+        ("no_sync, loss NOT scaled", True, False),
+        ("no no_sync, loss / accum_steps", False, True),
+    ]:
         ddp_model = DDP(small_model(device))
         ddp_model.register_comm_hook(None, counting_hook)
         calls[0] = 0
         for k in range(accum_steps):
-            x, y = (t[k * micro_batch:(k + 1) * micro_batch] for t in mine)
+            x, y = (t[k * micro_batch : (k + 1) * micro_batch] for t in mine)
             last = k == accum_steps - 1
             # no_sync(): backward() only accumulates into .grad; the all-reduce happens in the
             # first backward() outside it, and then averages the accumulated sum.
@@ -63,8 +66,9 @@ def accumulation(device, rank, world_size):
         results[name] = (grad, calls[0])
     for name, (grad, n_calls) in results.items():
         diff = (grad - ref_grad).abs().max().item()
-        verdict = ("equal within 1e-06" if diff <= 1e-6
-                   else f"NOT equal: {grad.norm() / ref_grad.norm():.2f} times the norm")
+        verdict = (
+            "equal within 1e-06" if diff <= 1e-6 else f"NOT equal: {grad.norm() / ref_grad.norm():.2f} times the norm"
+        )
         print0(f"  {name:31s}: {n_calls} all-reduce(s) per optimizer step; gradient vs the large batch: {verdict}")
 
 
@@ -98,8 +102,10 @@ def unused_parameters(device, rank):
     ddp_model = DDP(TwoHeads().to(device), find_unused_parameters=True)  # NEW: the fix
     for _ in range(3):
         F.mse_loss(ddp_model(x), y).backward()
-    print0(f"  find_unused_parameters=True: 3 steps ok; aux_head.weight.grad is "
-           f"{'None' if ddp_model.module.aux_head.weight.grad is None else 'a tensor'}")
+    print0(
+        f"  find_unused_parameters=True: 3 steps ok; aux_head.weight.grad is "
+        f"{'None' if ddp_model.module.aux_head.weight.grad is None else 'a tensor'}"
+    )
 
 
 def bn_model(device):
@@ -111,7 +117,7 @@ def buffers(device, rank, world_size):
     g = torch.Generator().manual_seed(7)
     X = torch.randn(world_size * 16, 4, generator=g).to(device)
     X[16:] += 3.0  # rank 1's data sits elsewhere: per-rank batch statistics differ
-    mine = X[rank * 16:(rank + 1) * 16]
+    mine = X[rank * 16 : (rank + 1) * 16]
     for broadcast in [True, False]:
         ddp_model = DDP(bn_model(device), forward_sync_buffers=broadcast)  # torch < 2.13: broadcast_buffers=
         seen = []  # the running mean that forward() starts from, on this rank
@@ -119,12 +125,16 @@ def buffers(device, rank, world_size):
         for _ in range(3):
             ddp_model(mine).sum().backward()
         starts = gathered(seen[-1])
-        print0(f"  forward_sync_buffers={broadcast!s:5}: BatchNorm running_mean at the start of forward, step 2: "
-               + "; ".join(f"rank {r}: {[round(v, 2) for v in s.tolist()]}" for r, s in enumerate(starts)))
+        print0(
+            f"  forward_sync_buffers={broadcast!s:5}: BatchNorm running_mean at the start of forward, step 2: "
+            + "; ".join(f"rank {r}: {[round(v, 2) for v in s.tolist()]}" for r, s in enumerate(starts))
+        )
     # Batch statistics: each rank normalises with ITS OWN batch's mean and variance.
     means = gathered(mine.mean(0))
-    print0(f"  per-rank batch means of feature 0: {[round(m[0].item(), 2) for m in means]}; "
-           f"of the whole batch: {round(X.mean(0)[0].item(), 2)}")
+    print0(
+        f"  per-rank batch means of feature 0: {[round(m[0].item(), 2) for m in means]}; "
+        f"of the whole batch: {round(X.mean(0)[0].item(), 2)}"
+    )
     try:  # SyncBatchNorm computes the statistics over all ranks' batches...
         nn.SyncBatchNorm(4).to(device)(mine)
         print0(f"  SyncBatchNorm on {device.type}: ran")
@@ -137,8 +147,10 @@ def buffers(device, rank, world_size):
     var = stats[4:8] / stats[-1] - mean * mean
     full_mean, full_var = X.mean(0), X.var(0, unbiased=False)
     ok = max((mean - full_mean).abs().max().item(), (var - full_var).abs().max().item()) <= 1e-5
-    print0("  by hand, all_reduce of (sum, sum of squares, count): "
-           f"mean and variance equal the whole batch's within 1e-05: {ok}")
+    print0(
+        "  by hand, all_reduce of (sum, sum of squares, count): "
+        f"mean and variance equal the whole batch's within 1e-05: {ok}"
+    )
 
 
 def main():

@@ -8,6 +8,7 @@
    rebuilds them; a communication hook records when each bucket's all-reduce starts and ends
    (written to DIR/c05_buckets.json for a timeline plot).
 """
+
 import argparse
 import gc
 import json
@@ -34,8 +35,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -90,15 +97,22 @@ def construction(device, rank):
     first_ddp = time.perf_counter() - start
     dynamo = "torch._dynamo" in set(sys.modules) - imported_before
     after = gathered(flat(ddp_model.parameters()))
-    print0(f"after  DDP(...): parameters equal on all ranks: {all(torch.equal(a, after[0]) for a in after)}; "
-           f"equal to rank 0's initialisation: {torch.equal(after[0], before[0])}")
+    print0(
+        f"after  DDP(...): parameters equal on all ranks: {all(torch.equal(a, after[0]) for a in after)}; "
+        f"equal to rank 0's initialisation: {torch.equal(after[0], before[0])}"
+    )
     counts = gathered(torch.tensor([sum(p.numel() for p in ddp_model.parameters())], device=device))
-    print0("parameters held per rank: " + ", ".join(f"rank {r}: {c.item():,}" for r, c in enumerate(counts))
-           + " (a full replica each: DDP splits the data, not the model)")
+    print0(
+        "parameters held per rank: "
+        + ", ".join(f"rank {r}: {c.item():,}" for r, c in enumerate(counts))
+        + " (a full replica each: DDP splits the data, not the model)"
+    )
     start = time.perf_counter()
     DDP(make_model(seed=0, device=device))  # a second one, for comparison
-    print0(f"DDP(...) took {first_ddp:.2f} s the first time in this process (it imported torch._dynamo: {dynamo}), "
-           f"{time.perf_counter() - start:.2f} s the second time")
+    print0(
+        f"DDP(...) took {first_ddp:.2f} s the first time in this process (it imported torch._dynamo: {dynamo}), "
+        f"{time.perf_counter() - start:.2f} s the second time"
+    )
     return ddp_model
 
 
@@ -121,17 +135,20 @@ def when_averaged(ddp_model, device, rank):
     local.load_state_dict(ddp_model.module.state_dict())
     nn.functional.mse_loss(local(x), y).backward()
     local_grads = gathered(flat(p.grad for p in local.parameters()))
-    print0("without DDP, local gradients equal on all ranks: "
-           f"{all(torch.equal(g_, local_grads[0]) for g_ in local_grads)}")
+    print0(
+        f"without DDP, local gradients equal on all ranks: {all(torch.equal(g_, local_grads[0]) for g_ in local_grads)}"
+    )
 
     loss = nn.functional.mse_loss(ddp_model(x), y)
     phase["now"] = "backward"
     loss.backward()
     grads = gathered(flat(p.grad for p in ddp_model.parameters()))  # right after backward()
     mean = torch.stack(local_grads).mean(0)
-    print0(f"with DDP, right after backward() and before step(): gradients identical on all ranks: "
-           f"{all(torch.equal(g_, grads[0]) for g_ in grads)}; "
-           f"equal to the mean of the local gradients within 1e-06: {(grads[0] - mean).abs().max().item() <= 1e-6}")
+    print0(
+        f"with DDP, right after backward() and before step(): gradients identical on all ranks: "
+        f"{all(torch.equal(g_, grads[0]) for g_ in grads)}; "
+        f"equal to the mean of the local gradients within 1e-06: {(grads[0] - mean).abs().max().item() <= 1e-6}"
+    )
     phase["now"] = "step"
     optimizer.step()
     print0(f"all-reduce calls during backward(): {calls['backward']}, during optimizer.step(): {calls['step']}")
@@ -150,8 +167,16 @@ def buckets(x, y, device, out):
         size_mb = bucket.buffer().numel() * bucket.buffer().element_size() / 2**20
 
         def record(fut):
-            events.append({"bucket": bucket.index(), "tensors": len(bucket.parameters()), "mb": size_mb,
-                           "layers": layers, "start": start, "end": time.perf_counter()})
+            events.append(
+                {
+                    "bucket": bucket.index(),
+                    "tensors": len(bucket.parameters()),
+                    "mb": size_mb,
+                    "layers": layers,
+                    "start": start,
+                    "end": time.perf_counter(),
+                }
+            )
             return fut.value()
 
         return future.then(record)
@@ -177,16 +202,21 @@ def buckets(x, y, device, out):
             optimizer.zero_grad()
         events.sort(key=lambda e: e["start"])
         label = "unset" if cap is None else str(cap)
-        print0(f"bucket_cap_mb {'unset (default)' if cap is None else f'= {cap}'}: {counts[0]} bucket(s) at step 1, "
-               f"{counts[1]} at step 2, {counts[-1]} at step 4; "
-               f"step 4's backward() returned after {1e3 * (t_end - t0):.1f} ms")
+        print0(
+            f"bucket_cap_mb {'unset (default)' if cap is None else f'= {cap}'}: {counts[0]} bucket(s) at step 1, "
+            f"{counts[1]} at step 2, {counts[-1]} at step 4; "
+            f"step 4's backward() returned after {1e3 * (t_end - t0):.1f} ms"
+        )
         for e in events:
-            print0(f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MiB, "
-                   f"layers {','.join(e['layers']):>9}: "
-                   f"all-reduce from {1e3 * (e['start'] - t0):.1f} ms to {1e3 * (e['end'] - t0):.1f} ms")
-        timelines[label] = {"backward_ms": 1e3 * (t_end - t0),
-                            "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0))
-                                        for e in events]}
+            print0(
+                f"  bucket {e['bucket']}: {e['tensors']:2d} tensors, {e['mb']:.2f} MiB, "
+                f"layers {','.join(e['layers']):>9}: "
+                f"all-reduce from {1e3 * (e['start'] - t0):.1f} ms to {1e3 * (e['end'] - t0):.1f} ms"
+            )
+        timelines[label] = {
+            "backward_ms": 1e3 * (t_end - t0),
+            "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0)) for e in events],
+        }
     if dist.get_rank() == 0:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "c05_buckets.json").write_text(json.dumps(timelines, indent=1))

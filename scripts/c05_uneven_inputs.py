@@ -7,6 +7,7 @@
 2. Evaluation with a DistributedSampler that pads: sum correct answers and counts over ranks,
    without the padded duplicates.
 """
+
 import argparse
 import gc
 from datetime import timedelta
@@ -53,8 +54,10 @@ def uneven(backend, device, rank):
             result = f"finished its {done[0]} batches"
         except RuntimeError as e:
             timed_out = "timed out" in str(e).lower()
-            result = (f"RuntimeError after {done[0]} batches "
-                      f"({'timed out ' if timed_out else ''}waiting for an all-reduce partner)")
+            result = (
+                f"RuntimeError after {done[0]} batches "
+                f"({'timed out ' if timed_out else ''}waiting for an all-reduce partner)"
+            )
         print_in_rank_order(f"  without Join, rank {rank} ({n_batches} batches): {result}")
     else:
         print0("  without Join: skipped on nccl (a timed-out NCCL collective aborts the process)")
@@ -98,8 +101,10 @@ def evaluation(device, rank, world_size):
     dist.all_gather_object(accuracies, correct / count)
     print0(f"  wrong: rank 0's accuracy alone: {accuracies[0]:.4f}")
     print0(f"  wrong: mean of the ranks' accuracies: {sum(accuracies) / world_size:.4f}")
-    for verdict, n_right, n_total in [("wrong: all-reduced sums with the padding", correct, count),
-                                  ("right: all-reduced sums without the padding", correct_real, count_real)]:
+    for verdict, n_right, n_total in [
+        ("wrong: all-reduced sums with the padding", correct, count),
+        ("right: all-reduced sums without the padding", correct_real, count_real),
+    ]:
         totals = torch.tensor([n_right, n_total], dtype=torch.float64, device=device)
         dist.all_reduce(totals)
         print0(f"  {verdict}: {int(totals[0])}/{int(totals[1])} = {(totals[0] / totals[1]).item():.4f}")

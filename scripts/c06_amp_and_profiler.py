@@ -8,6 +8,7 @@
    all-reduces run during backward): writes DIR/c06_trace_rank0.json (open it in
    https://ui.perfetto.dev or chrome://tracing) and DIR/c06_profile_ops.json (the busiest ops).
 """
+
 import argparse
 import contextlib
 import gc
@@ -35,8 +36,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -86,7 +93,7 @@ def amp_training(device, steps):
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # float16 needs it
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64 * world_size, 64, generator=g)
-    y = (x[:, :4].argmax(dim=1))  # a learnable rule
+    y = x[:, :4].argmax(dim=1)  # a learnable rule
     x, y = x[rank::world_size].to(device), y[rank::world_size].to(device)
     losses = []
     for _ in range(steps):
@@ -146,8 +153,14 @@ def profiled_steps(device, out, bucket_cap_mb):
     for e in prof.key_averages():
         if e.key in ("train_step", "backward"):  # our own labels, not operators
             continue
-        ops.append({"name": e.key, "calls": e.count, "self_cpu_us": e.self_cpu_time_total,
-                    "self_device_us": getattr(e, "self_device_time_total", 0)})
+        ops.append(
+            {
+                "name": e.key,
+                "calls": e.count,
+                "self_cpu_us": e.self_cpu_time_total,
+                "self_device_us": getattr(e, "self_device_time_total", 0),
+            }
+        )
     ops.sort(key=lambda o: -(o["self_device_us"] or o["self_cpu_us"]))
     (out / "c06_profile_ops.json").write_text(json.dumps(ops[:15], indent=1) + "\n")
     launches = next((o["calls"] for o in ops if o["name"] == "c10d::allreduce_"), 0)
@@ -173,15 +186,26 @@ def main():
     amp_dtype, scaled, losses, identical = amp_training(device, args.steps)
     per_step = profiled_steps(device, args.out, args.bucket_cap_mb)
     if dist.get_rank() == 0:
-        sys.stdout.write("\n".join([
-            (f"DDP + AMP: {world_size} ranks, backend={backend} device={device.type}, autocast dtype="
-             f"{str(amp_dtype).replace('torch.', '')}, GradScaler {'on' if scaled else 'off (not needed)'}"),
-            (f"  loss fell over {args.steps} steps: {'yes' if losses[-1] < 0.8 * losses[0] else 'no'}; "
-             f"replicas identical: {'yes' if identical else 'NO'}"),
-            (f"profile: 2 DDP steps on rank 0 (float32, bucket_cap_mb={args.bucket_cap_mb:g}): "
-             f"{per_step} all-reduce launches per step"),
-            f"  wrote {args.out / 'c06_trace_rank0.json'} and {args.out / 'c06_profile_ops.json'}",
-        ]) + "\n")
+        sys.stdout.write(
+            "\n".join(
+                [
+                    (
+                        f"DDP + AMP: {world_size} ranks, backend={backend} device={device.type}, autocast dtype="
+                        f"{str(amp_dtype).replace('torch.', '')}, GradScaler {'on' if scaled else 'off (not needed)'}"
+                    ),
+                    (
+                        f"  loss fell over {args.steps} steps: {'yes' if losses[-1] < 0.8 * losses[0] else 'no'}; "
+                        f"replicas identical: {'yes' if identical else 'NO'}"
+                    ),
+                    (
+                        f"profile: 2 DDP steps on rank 0 (float32, bucket_cap_mb={args.bucket_cap_mb:g}): "
+                        f"{per_step} all-reduce launches per step"
+                    ),
+                    f"  wrote {args.out / 'c06_trace_rank0.json'} and {args.out / 'c06_profile_ops.json'}",
+                ]
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ naive model parallelism (the whole batch as one micro-batch), GPipe and 1F1B (or
 a JSON file: {"orders": [[["F", 0], ...], ...]}, one list per stage), checks the gradients
 against the unsplit model, and writes each stage's busy intervals to DIR/c07_pipeline_executor.json.
 """
+
 import argparse
 import gc
 import json
@@ -37,8 +38,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -68,7 +75,7 @@ def make_model(seed=0):
 def my_stage(model, stage, n_stages):
     """This process's slice of the model: consecutive Linear+ReLU pairs, as evenly split as they go."""
     start, stop = (k * LAYERS // n_stages for k in (stage, stage + 1))
-    return model[2 * start:2 * stop]
+    return model[2 * start : 2 * stop]
 
 
 def gpipe(n_stages, m):
@@ -126,7 +133,7 @@ def run_step(stage_model, order, x, y, m, device, groups):
                 out = timed(f"L{i}", lambda o, t: F.mse_loss(o, t) / m, out, ys[i].to(device))  # the loss
             else:
                 sends.append(dist.isend(out.detach(), dst=rank + 1, group=groups["F"], tag=i))
-            stash[i] = (inp, out)                                    # kept until B of i
+            stash[i] = (inp, out)  # kept until B of i
             peak = max(peak, len(stash))
         else:
             inp, out = stash.pop(i)
@@ -173,15 +180,18 @@ def main():
         parser.error(f"{LAYERS} layers make at most {LAYERS} stages, not {os.environ['WORLD_SIZE']}")
     device = setup()
     if device.type == "cpu":
-        torch.set_num_threads(1)                                      # one core per stage
+        torch.set_num_threads(1)  # one core per stage
     rank, world_size = dist.get_rank(), dist.get_world_size()
     # Activations and gradients travel on two process groups. Within one group, nccl runs the
     # sends and receives between two ranks in order on one stream, where a stage's send of an
     # activation and its receive of a gradient (1F1B interleaves them) could wait for each other.
     groups = {"F": dist.new_group(timeout=TIMEOUT), "B": dist.new_group(timeout=TIMEOUT)}
     m = args.microbatches
-    schedules = {"naive": (1, gpipe(world_size, 1)), "gpipe": (m, gpipe(world_size, m)),
-                 "1f1b": (m, one_f_one_b(world_size, m))}
+    schedules = {
+        "naive": (1, gpipe(world_size, 1)),
+        "gpipe": (m, gpipe(world_size, m)),
+        "1f1b": (m, one_f_one_b(world_size, m)),
+    }
     if args.orders:
         orders = json.loads(Path(args.orders).read_text())["orders"]
         if len(orders) != world_size:
@@ -191,36 +201,42 @@ def main():
 
     torch.manual_seed(1)
     x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
-    full = make_model()                                              # the unsplit reference
+    full = make_model()  # the unsplit reference
     F.mse_loss(full(x), y).backward()
     expected = [p.grad for p in my_stage(full, rank, world_size).parameters()]
     stage_model = my_stage(make_model(), rank, world_size).to(device)  # only my slice
 
     sizes = sorted({len(my_stage(full, s, world_size)) // 2 for s in range(world_size)})
-    print0(f"{world_size} stages, {' or '.join(map(str, sizes))} layers each, batch {BATCH}, "
-           f"backend={dist.get_backend()} device={device.type}")
+    print0(
+        f"{world_size} stages, {' or '.join(map(str, sizes))} layers each, batch {BATCH}, "
+        f"backend={dist.get_backend()} device={device.type}"
+    )
     results = {}
     for index, (name, (n_micro, orders)) in enumerate(schedules.items()):
         record = []
-        warmup = 1 if index == 0 else 0                               # one untimed step first
+        warmup = 1 if index == 0 else 0  # one untimed step first
         for repeat in range(warmup + args.repeats):
             stage_model.zero_grad()
             dist.barrier()
             busy, peak = run_step(stage_model, orders[rank], x, y, n_micro, device, groups)
-            diff = max((p.grad.cpu() - e).abs().max().item()
-                       for p, e in zip(stage_model.parameters(), expected))
+            diff = max((p.grad.cpu() - e).abs().max().item() for p, e in zip(stage_model.parameters(), expected))
             everything = [None] * world_size
             dist.all_gather_object(everything, (busy, peak, diff))
             if repeat >= warmup:
                 record.append(everything)
         worst = max(d for step in record for _, _, d in step)
-        best = min(record, key=lambda step: span(s[0] for s in step))   # the least disturbed step
-        results[name] = {"microbatches": n_micro, "busy": [stage[0] for stage in best],
-                         "peak_in_flight": [stage[1] for stage in best]}
+        best = min(record, key=lambda step: span(s[0] for s in step))  # the least disturbed step
+        results[name] = {
+            "microbatches": n_micro,
+            "busy": [stage[0] for stage in best],
+            "peak_in_flight": [stage[1] for stage in best],
+        }
         together = "yes" if overlap([stage[0] for stage in best]) > 0 else "never"
-        print0(f"{name:>5}: {n_micro} micro-batch(es), step {span(s[0] for s in best) * 1e3:.1f} ms, "
-               f"two stages computing at the same time: {together}, "
-               f"most micro-batches held per stage: {results[name]['peak_in_flight']}")
+        print0(
+            f"{name:>5}: {n_micro} micro-batch(es), step {span(s[0] for s in best) * 1e3:.1f} ms, "
+            f"two stages computing at the same time: {together}, "
+            f"most micro-batches held per stage: {results[name]['peak_in_flight']}"
+        )
         print0(f"       gradients equal the unsplit model's: {worst <= 1e-5} (max |difference| <= 1e-05)")
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ Every rank builds the same nn.Linear / MLP from a seed; parallelize_module repla
 by a DTensor whose local shard is this rank's slice. Outputs and gradients (forward and
 backward) must equal the unsplit layers'; CommDebugMode counts the collectives of each pass.
 """
+
 import argparse
 import copy
 import gc
@@ -36,8 +37,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -112,15 +119,19 @@ def main():
 
     # 1. One layer each way. Column: rows of W (output features), the output gathered. Row: columns
     #    of W (input features), the whole input sliced here, the partial outputs summed.
-    plans = {"column-parallel": ColwiseParallel(output_layouts=Replicate()),
-             "row-parallel": RowwiseParallel(input_layouts=Replicate())}
+    plans = {
+        "column-parallel": ColwiseParallel(output_layouts=Replicate()),
+        "row-parallel": RowwiseParallel(input_layouts=Replicate()),
+    }
     for name, plan in plans.items():
         torch.manual_seed(1)
         linear = nn.Linear(IN, HIDDEN).to(device)
         sharded = parallelize_module(copy.deepcopy(linear), mesh, plan)
         w = sharded.weight
-        print0(f"{name}: weight {tuple(w.shape)} as a {type(w).__name__}, placement {w.placements[0]!r}, "
-               f"local shard {tuple(w.to_local().shape)}; bias placement {sharded.bias.placements[0]!r}")
+        print0(
+            f"{name}: weight {tuple(w.shape)} as a {type(w).__name__}, placement {w.placements[0]!r}, "
+            f"local shard {tuple(w.to_local().shape)}; bias placement {sharded.bias.placements[0]!r}"
+        )
         compare(name, sharded, linear, x)
 
     # 2. An MLP: column (its output stays sharded) -> ReLU on the shards -> row (takes them as they
@@ -130,8 +141,10 @@ def main():
     tp_mlp = parallelize_module(copy.deepcopy(mlp), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     forward, backward = compare("MLP column -> ReLU -> row", tp_mlp, mlp, x)
     one = {"all_reduce": 1} if world_size > 1 else {}  # one rank holds everything: nothing to send
-    print0(f"{'PASS' if forward == one and backward == one else 'FAIL'} the MLP communicates once each way "
-           "(on 2+ ranks): the row layer's sum in forward, the input's gradient in backward")
+    print0(
+        f"{'PASS' if forward == one and backward == one else 'FAIL'} the MLP communicates once each way "
+        "(on 2+ ranks): the row layer's sum in forward, the input's gradient in backward"
+    )
     if forward != one or backward != one:
         FAILED.append("MLP collectives")
     return 1 if FAILED else 0

@@ -6,6 +6,7 @@ Each rank builds the whole model from the same seed, keeps only its stage (1 to 
 layers split as evenly as they go), and trains one SGD step with each schedule; loss, gradients
 and weights are compared with the unsplit model. Exits with 1 if they differ.
 """
+
 import argparse
 import gc
 import os
@@ -32,8 +33,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -95,11 +102,13 @@ def main():
     ref_weights = [p.detach().clone() for p in full[mine].parameters()]
 
     sizes = sorted({len(full[stage_slice(s, world_size)]) // 2 for s in range(world_size)})
-    print0(f"{world_size} stage(s) of {' or '.join(map(str, sizes))} layers, batch {BATCH} in {m} "
-           f"micro-batches, backend={dist.get_backend()} device={device.type}")
+    print0(
+        f"{world_size} stage(s) of {' or '.join(map(str, sizes))} layers, batch {BATCH} in {m} "
+        f"micro-batches, backend={dist.get_backend()} device={device.type}"
+    )
     failed = False
     for name, Schedule in [("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)]:
-        stage_module = make_model()[mine].to(device)                    # only this rank's layers
+        stage_module = make_model()[mine].to(device)  # only this rank's layers
         stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=device)
         schedule = Schedule(stage, n_microbatches=m, loss_fn=loss_fn)
         losses = []
@@ -109,16 +118,20 @@ def main():
         schedule.step(*inputs, **targets)
         grads = [p.grad.clone() for p in stage_module.parameters()]
         torch.optim.SGD(stage_module.parameters(), lr=LR).step()
-        diff = max(max((g - r).abs().max().item() for g, r in zip(grads, ref_grads)),
-                   max((p - r).abs().max().item() for p, r in zip(stage_module.parameters(), ref_weights)))
-        loss = torch.stack(losses).mean().item() if losses else 0.0   # mean of micro-batch losses
+        diff = max(
+            max((g - r).abs().max().item() for g, r in zip(grads, ref_grads)),
+            max((p - r).abs().max().item() for p, r in zip(stage_module.parameters(), ref_weights)),
+        )
+        loss = torch.stack(losses).mean().item() if losses else 0.0  # mean of micro-batch losses
         results = [None] * world_size
         dist.all_gather_object(results, (diff, loss))
         loss_diff = abs(results[-1][1] - ref_loss.item())
         ok = max(d for d, _ in results) <= ATOL and loss_diff <= ATOL
         failed |= not ok
-        print0(f"{name:>5}: loss {results[-1][1]:.4f} (unsplit {ref_loss.item():.4f}); loss, gradients and "
-               f"weights after one SGD step equal the unsplit model's: {ok} (max |difference| <= {ATOL:g})")
+        print0(
+            f"{name:>5}: loss {results[-1][1]:.4f} (unsplit {ref_loss.item():.4f}); loss, gradients and "
+            f"weights after one SGD step equal the unsplit model's: {ok} (max |difference| <= {ATOL:g})"
+        )
     return 1 if failed else 0
 
 

@@ -6,6 +6,7 @@ Prints, gathered to rank 0: what each rank stores (parameters, gradients, Adam s
 fully_shard against the full model, and the trained weights against the same model trained
 by a single process on the whole batch.
 """
+
 import argparse
 import gc
 import sys
@@ -36,8 +37,13 @@ def main():
     mesh = init_device_mesh(device.type, (world_size,))  # 1-D mesh: shard over all ranks
 
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(8 * world_size, 32, generator=g).to(device),
-                torch.randn(8 * world_size, 5, generator=g).to(device)) for _ in range(args.steps)]
+    batches = [
+        (
+            torch.randn(8 * world_size, 32, generator=g).to(device),
+            torch.randn(8 * world_size, 5, generator=g).to(device),
+        )
+        for _ in range(args.steps)
+    ]
 
     # One process, the whole batch: what sharded data parallelism must equal.
     reference = make_model(device)
@@ -54,25 +60,38 @@ def main():
     dist.all_reduce(losses, op=dist.ReduceOp.AVG)  # equal shares: the mean of the ranks' means is the global one
 
     w = model.blocks[0][0].weight
-    print0(f"a sharded parameter: {type(w).__name__}, global shape {tuple(w.shape)}, "
-           f"placements {w.placements}, local shape on rank 0 {tuple(w.to_local().shape)}")
-    print0(f"head.weight (5 rows): local shapes per rank "
-           f"{per_rank(tuple(model.head.weight.to_local().shape))}")
+    print0(
+        f"a sharded parameter: {type(w).__name__}, global shape {tuple(w.shape)}, "
+        f"placements {w.placements}, local shape on rank 0 {tuple(w.to_local().shape)}"
+    )
+    print0(f"head.weight (5 rows): local shapes per rank {per_rank(tuple(model.head.weight.to_local().shape))}")
 
     full_count = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
     counts = per_rank(sum(p.to_local().numel() for p in model.parameters()))
-    stored = per_rank((nbytes(model.parameters()), nbytes(p.grad for p in model.parameters()),
-                       nbytes(v for s in optimizer.state.values() for v in s.values()
-                              if isinstance(v, torch.Tensor) and v.dim() > 0)))
+    stored = per_rank(
+        (
+            nbytes(model.parameters()),
+            nbytes(p.grad for p in model.parameters()),
+            nbytes(
+                v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+            ),
+        )
+    )
     full = (4 * full_count, 4 * full_count, 8 * full_count)
     print0(f"full model: {full_count:,} parameters; {world_size} ranks")
-    print0(f"{'rank':>4} | {'parameters':>10} | {'param bytes':>11} | {'grad bytes':>10} | "
-           f"{'Adam m+v bytes':>14} | share of full")
+    print0(
+        f"{'rank':>4} | {'parameters':>10} | {'param bytes':>11} | {'grad bytes':>10} | "
+        f"{'Adam m+v bytes':>14} | share of full"
+    )
     for r in range(world_size):
-        print0(f"{r:>4} | {counts[r]:>10,} | {stored[r][0]:>11,} | {stored[r][1]:>10,} | "
-               f"{stored[r][2]:>14,} | {counts[r] / full_count:.4f}")
-    print0(f" all | {sum(counts):>10,} | {sum(s[0] for s in stored):>11,} | {sum(s[1] for s in stored):>10,} | "
-           f"{sum(s[2] for s in stored):>14,} | (the full model: {full[0]:,} / {full[1]:,} / {full[2]:,})")
+        print0(
+            f"{r:>4} | {counts[r]:>10,} | {stored[r][0]:>11,} | {stored[r][1]:>10,} | "
+            f"{stored[r][2]:>14,} | {counts[r] / full_count:.4f}"
+        )
+    print0(
+        f" all | {sum(counts):>10,} | {sum(s[0] for s in stored):>11,} | {sum(s[1] for s in stored):>10,} | "
+        f"{sum(s[2] for s in stored):>14,} | (the full model: {full[0]:,} / {full[1]:,} / {full[2]:,})"
+    )
 
     # The loss of every step, not the weights: Adam moves a weight by about lr a step whatever the size of
     # its gradient (above Adam's eps), so where a gradient is ~0, rounding in another summation order can
@@ -82,8 +101,10 @@ def main():
     # hence 1e-5, relative.
     rtol = 1e-5
     diff = ((losses - reference_losses) / reference_losses).abs().max().item()
-    print0(f"losses of the {args.steps} steps, FSDP vs one process on the whole batch: "
-           f"{'PASS' if diff <= rtol else 'FAIL'} max relative difference <= {rtol:g}")
+    print0(
+        f"losses of the {args.steps} steps, FSDP vs one process on the whole batch: "
+        f"{'PASS' if diff <= rtol else 'FAIL'} max relative difference <= {rtol:g}"
+    )
     return 0 if diff <= rtol else 1
 
 

@@ -6,6 +6,7 @@ Both runs start from the same weights and see the same data. Prints, gathered to
 parameters held per rank (DDP keeps a full replica: M1), optimizer-state bytes per rank
 (ZeRO-1 keeps 1/N of them), and how far the two runs' weights are apart after --steps steps.
 """
+
 import argparse
 import gc
 import os
@@ -30,8 +31,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -80,8 +87,12 @@ def make_model(device):
 
 def state_bytes(optimizer):
     """Bytes of the tensors in an optimizer's state (exp_avg, exp_avg_sq, step)."""
-    return sum(v.numel() * v.element_size() for s in optimizer.state.values()
-               for v in s.values() if isinstance(v, torch.Tensor))
+    return sum(
+        v.numel() * v.element_size()
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor)
+    )
 
 
 def train(model, optimizer, batches):
@@ -104,8 +115,10 @@ def main():
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     g = torch.Generator().manual_seed(1 + rank)  # each rank its own data
-    batches = [(torch.randn(8, 32, generator=g).to(device), torch.randn(8, 5, generator=g).to(device))
-               for _ in range(args.steps)]
+    batches = [
+        (torch.randn(8, 32, generator=g).to(device), torch.randn(8, 5, generator=g).to(device))
+        for _ in range(args.steps)
+    ]
 
     # DDP + Adam: every rank holds all parameters and all of Adam's state.
     model = make_model(device)
@@ -121,23 +134,29 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     counts = per_rank(sum(p.numel() for p in ddp_model.parameters()))
     print0(f"model: {n_params:,} parameters in {len(list(model.parameters()))} tensors, {world_size} ranks")
-    print0("DDP: parameters held per rank: " + ", ".join(f"rank {r}: {c:,}" for r, c in enumerate(counts))
-           + "  (a full replica on every rank)")
+    print0(
+        "DDP: parameters held per rank: "
+        + ", ".join(f"rank {r}: {c:,}" for r, c in enumerate(counts))
+        + "  (a full replica on every rank)"
+    )
 
     owned = per_rank([sum(p.numel() for g in zero.optim.param_groups for p in g["params"])])
     full = per_rank(state_bytes(adam))
     sharded = per_rank(state_bytes(zero.optim))  # zero.optim: the local Adam over this rank's share
     print0(f"{'rank':>4} | {'params it updates':>17} | {'Adam state, DDP':>15} | {'Adam state, ZeRO-1':>18} | share")
     for r in range(world_size):
-        print0(f"{r:>4} | {owned[r][0]:>17,} | {full[r]:>9,} bytes | {sharded[r]:>12,} bytes | "
-               f"{sharded[r] / full[r]:.3f}")
+        print0(
+            f"{r:>4} | {owned[r][0]:>17,} | {full[r]:>9,} bytes | {sharded[r]:>12,} bytes | {sharded[r] / full[r]:.3f}"
+        )
     print0(f"ZeRO-1 state summed over ranks: {sum(sharded):,} bytes (unsharded: {full[0]:,} bytes)")
 
     atol = 1e-6
     diff = max((a - b).abs().max().item() for a, b in zip(ddp_model.parameters(), zero_model.parameters()))
     worst = max(per_rank(diff))
-    print0(f"after {args.steps} steps, ZeRO-1 weights vs DDP + Adam weights (all ranks): "
-           f"{'PASS' if worst <= atol else 'FAIL'} max |difference| <= {atol:g}")
+    print0(
+        f"after {args.steps} steps, ZeRO-1 weights vs DDP + Adam weights (all ranks): "
+        f"{'PASS' if worst <= atol else 'FAIL'} max |difference| <= {atol:g}"
+    )
     return 0 if worst <= atol else 1
 
 

@@ -12,6 +12,7 @@ mismatch:    rank 0 all-reduces 4 numbers, rank 1 five; with TORCH_DISTRIBUTED_D
 stale-store: attempt 0 joins a process group and crashes; attempt 1 finds attempt 0's keys in the
              store torchrun keeps across restarts.
 """
+
 import argparse
 import faulthandler
 import gc
@@ -76,8 +77,9 @@ def stale_store(rank, backend, device):
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         sys.exit("c09_failures.py: error: stale-store needs torchrun (--standalone or c10d) with --max-restarts=1")
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=TIMEOUT)  # the store torchrun's agent hosts
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=TIMEOUT
+    )  # the store torchrun's agent hosts
     if attempt == 0:
         # its keys go straight into that store
         dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)

@@ -7,6 +7,7 @@ Run the same command on every node. Rank 0 prints one table for the whole job. W
 --wait-for-world-size N, a smaller group waits for more nodes to join an elastic job
 (--nnodes=MIN:MAX): torchrun then stops it and starts a bigger one.
 """
+
 import argparse
 import gc
 import os
@@ -20,8 +21,13 @@ import torch.distributed as dist
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--wait-for-world-size", type=int, default=0, metavar="N",
-                        help="while the job has fewer than N processes, wait for nodes to join")
+    parser.add_argument(
+        "--wait-for-world-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="while the job has fewer than N processes, wait for nodes to join",
+    )
     parser.add_argument("--wait-seconds", type=float, default=45, help="how long to wait for them")
     args = parser.parse_args()
     if "GROUP_RANK" not in os.environ:
@@ -39,8 +45,9 @@ def main():
     restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])  # restarts this node's agent counted
     if world_size < args.wait_for_world_size:
         if rank == 0:
-            sys.stdout.write(f"WORLD_SIZE={world_size}, TORCHELASTIC_RESTART_COUNT={restarts}: "
-                             "waiting for more nodes\n")
+            sys.stdout.write(
+                f"WORLD_SIZE={world_size}, TORCHELASTIC_RESTART_COUNT={restarts}: waiting for more nodes\n"
+            )
             sys.stdout.flush()
         time.sleep(args.wait_seconds)  # torchrun stops this group when a node joins
         sys.exit(f"c10_multi_node_ranks.py: error: no node joined within {args.wait_seconds:g} s")
@@ -60,8 +67,10 @@ def main():
         lines += ["  ".join(f"{str(r[key]):>22}" for key in row) for r in rows]
         gpus = "cuda:0" if local_world_size == 1 else f"cuda:0 to cuda:{local_world_size - 1}"
         where = "this job's GPUs" if backend == "nccl" else f"for a GPU job; this one ran on the CPU ({backend})"
-        lines += [f"(one process per GPU: on every node {gpus}, {where})",
-                  f"TORCHELASTIC_RESTART_COUNT on every process: {sorted(set(counts))}"]
+        lines += [
+            f"(one process per GPU: on every node {gpus}, {where})",
+            f"TORCHELASTIC_RESTART_COUNT on every process: {sorted(set(counts))}",
+        ]
         sys.stdout.write("\n".join(lines) + "\n")
 
 

@@ -10,6 +10,7 @@
 2. Training: chapter 11's GPT with DDP for 8 steps, eager and compiled: the same losses, and how
    long the first compiled step (the compilation) takes against the others.
 """
+
 import argparse
 import gc
 import logging
@@ -39,16 +40,19 @@ def wrap(model, device, bucket_cap_mb=None):
     kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
 
+
 def graphs(device):
     """How many graphs torch.compile makes of one forward: alone, and under DDP. A wider, deeper
     GPT (3.2 MB of float32 parameters), so that DDP's buckets (the first 1 MiB) are several; with
     bucket_cap_mb=25 DDP makes one bucket, but dynamo still cuts a first piece of 1 MiB."""
     cfg = GPTConfig(d_model=128, n_layers=4)
     x = AdditionTask(2).batch(torch.Generator().manual_seed(0), 4)[0].to(device)
-    for name, make in [("one process, no DDP", lambda: model_on(device, cfg)),
-                       ("DDP, default buckets", lambda: wrap(model_on(device, cfg), device)),
-                       ("DDP, bucket_cap_mb=1", lambda: wrap(model_on(device, cfg), device, bucket_cap_mb=1)),
-                       ("DDP, bucket_cap_mb=25", lambda: wrap(model_on(device, cfg), device, bucket_cap_mb=25))]:
+    for name, make in [
+        ("one process, no DDP", lambda: model_on(device, cfg)),
+        ("DDP, default buckets", lambda: wrap(model_on(device, cfg), device)),
+        ("DDP, bucket_cap_mb=1", lambda: wrap(model_on(device, cfg), device, bucket_cap_mb=1)),
+        ("DDP, bucket_cap_mb=25", lambda: wrap(model_on(device, cfg), device, bucket_cap_mb=25)),
+    ]:
         torch._dynamo.reset()
         seen = []
 
@@ -89,8 +93,12 @@ def train(device, compiled, backend, steps=8):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="aot_eager", choices=["aot_eager", "inductor"],
-                        help="torch.compile backend for the training (default: aot_eager)")
+    parser.add_argument(
+        "--backend",
+        default="aot_eager",
+        choices=["aot_eager", "inductor"],
+        help="torch.compile backend for the training (default: aot_eager)",
+    )
     args = parser.parse_args()
     device = setup()
     # dynamo warns, once per rank, that it leaves DDP's profiler annotations out of the graph
@@ -104,9 +112,11 @@ def main():
     print0("  eager losses:    " + " ".join(f"{v:.4f}" for v in eager))
     print0("  compiled losses: " + " ".join(f"{v:.4f}" for v in compiled))
     print0(f"  compiled vs eager: max relative difference <= 1e-05: {worst <= 1e-5}")
-    print0(f"  first compiled step (with the compilation): {compiled_times[0]:.2f} s; later steps, median: "
-           f"compiled {statistics.median(compiled_times[1:]) * 1e3:.1f} ms, eager "
-           f"{statistics.median(eager_times[1:]) * 1e3:.1f} ms")
+    print0(
+        f"  first compiled step (with the compilation): {compiled_times[0]:.2f} s; later steps, median: "
+        f"compiled {statistics.median(compiled_times[1:]) * 1e3:.1f} ms, eager "
+        f"{statistics.median(eager_times[1:]) * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

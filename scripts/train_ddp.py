@@ -10,6 +10,7 @@ float rounding); a run that crashed and resumed from --checkpoint-dir ends with 
 bit for bit, as one that did not.
 Writes data.pt, final.pt (the model's state_dict) and metrics.json to --out (chapters 04 and 09).
 """
+
 import argparse
 import gc
 import itertools
@@ -42,23 +43,37 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="fixes the data, the shuffle and the init")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--out", type=Path, required=True, help="folder for data.pt, final.pt, metrics.json")
-    parser.add_argument("--checkpoint-dir", type=Path,
-                        help=f"resume from DIR/{CHECKPOINT} if it exists; save it every --checkpoint-every steps")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help=f"resume from DIR/{CHECKPOINT} if it exists; save it every --checkpoint-every steps",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=10, metavar="K", help="steps between checkpoints")
-    parser.add_argument("--timeout", type=float, default=30,  # a hung collective fails after this
-                        help="seconds a collective may wait for the other ranks before it is an error")
-    parser.add_argument("--fail-at-step", type=int, metavar="K",  # a teaching switch
-                        help="rank --fail-rank fails in step K (first attempt only: restarts run normally)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30,  # a hung collective fails after this
+        help="seconds a collective may wait for the other ranks before it is an error",
+    )
+    parser.add_argument(
+        "--fail-at-step",
+        type=int,
+        metavar="K",  # a teaching switch
+        help="rank --fail-rank fails in step K (first attempt only: restarts run normally)",
+    )
     parser.add_argument("--fail-rank", type=int, default=0, metavar="R")
-    parser.add_argument("--fail-how", choices=["crash", "hang"], default="crash",
-                        help="crash: raise an error; hang: stop answering (the others time out)")
+    parser.add_argument(
+        "--fail-how",
+        choices=["crash", "hang"],
+        default="crash",
+        help="crash: raise an error; hang: stop answering (the others time out)",
+    )
     args = parser.parse_args(argv)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if min(args.epochs, args.samples, args.global_batch_size, args.checkpoint_every) < 1:
         parser.error("--epochs, --samples, --global-batch-size and --checkpoint-every must be at least 1")
     if args.global_batch_size % world_size:
-        parser.error(f"--global-batch-size {args.global_batch_size} is not divisible "
-                     f"by the world size {world_size}")
+        parser.error(f"--global-batch-size {args.global_batch_size} is not divisible by the world size {world_size}")
     if not args.lr > 0:
         parser.error(f"--lr must be positive, got {args.lr}")
     if not args.timeout > 0:
@@ -73,8 +88,7 @@ def parse_args(argv=None):
 
 
 def run_config(args):  # what must match for a checkpoint to belong to this run
-    return {"global_batch_size": args.global_batch_size, "samples": args.samples,
-            "seed": args.seed, "lr": args.lr}
+    return {"global_batch_size": args.global_batch_size, "samples": args.samples, "seed": args.seed, "lr": args.lr}
 
 
 def load_checkpoint(args, device):
@@ -85,11 +99,15 @@ def load_checkpoint(args, device):
     try:  # tensors, numbers, strings and lists only: no code runs while loading
         state = torch.load(path, map_location=device, weights_only=True)  # onto this rank's device
     except Exception as e:  # truncated, corrupted, not a checkpoint at all
-        sys.exit(f"train_ddp.py: error: cannot read checkpoint {path} ({type(e).__name__}); "
-                 "move it away to start from scratch")  # never a silent fresh start
+        sys.exit(
+            f"train_ddp.py: error: cannot read checkpoint {path} ({type(e).__name__}); "
+            "move it away to start from scratch"
+        )  # never a silent fresh start
     if not isinstance(state, dict) or state.get("config") != run_config(args):
-        sys.exit(f"train_ddp.py: error: checkpoint {path} belongs to another run "
-                 f"(its settings: {state.get('config') if isinstance(state, dict) else None})")
+        sys.exit(
+            f"train_ddp.py: error: checkpoint {path} belongs to another run "
+            f"(its settings: {state.get('config') if isinstance(state, dict) else None})"
+        )
     return state
 
 
@@ -117,17 +135,23 @@ def setup(timeout):  # a configurable timeout
     timeout, device_id = timedelta(seconds=timeout), device if backend == "nccl" else None
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's store outlives restarts,
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),  # earlier
-                              is_master=False, timeout=timeout)  # attempts' keys included
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),  # earlier
+            is_master=False,
+            timeout=timeout,
+        )  # attempts' keys included
         # RESTART counts this node's restarts after failures: distinct attempts on one node
         store = dist.PrefixStore(f"attempt_{RESTART}", store)  # so each attempt gets its own keys
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
-                                device_id=device_id)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+        )
     elif launched:  # RANK... set by hand, or torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
         dist.init_process_group(backend, timeout=timeout, device_id=device_id)  # a store at MASTER_ADDR:MASTER_PORT
     else:  # plain `python train_ddp.py`: a group of one, in memory, no port needed
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout, device_id=device_id)
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, device_id=device_id
+        )
     return backend, device
 
 
@@ -146,8 +170,10 @@ def main(argv=None):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     batch_size = args.global_batch_size // world_size  # per rank
     if rank == 0:  # rank 0 speaks for the job
-        sys.stdout.write(f"backend={backend} device={device.type} world_size={world_size} "
-                         f"global batch {args.global_batch_size}, per rank {batch_size}\n")
+        sys.stdout.write(
+            f"backend={backend} device={device.type} world_size={world_size} "
+            f"global batch {args.global_batch_size}, per rank {batch_size}\n"
+        )
     resume = load_checkpoint(args, device)  # every rank reads the same file
 
     # Rank 0 "downloads" the data set; the others wait for it at the barrier.
@@ -173,9 +199,11 @@ def main(argv=None):
         start_epoch, done_in_epoch = resume["epoch"], resume["step_in_epoch"]
         step, losses = resume["step"], resume["losses"]
         if rank == 0:
-            sys.stdout.write(f"attempt {RESTART}: resumed from {args.checkpoint_dir / CHECKPOINT} "
-                             f"at step {step} (epoch {start_epoch + 1}, "
-                             f"{done_in_epoch} of {len(loader)} steps done)\n")
+            sys.stdout.write(
+                f"attempt {RESTART}: resumed from {args.checkpoint_dir / CHECKPOINT} "
+                f"at step {step} (epoch {start_epoch + 1}, "
+                f"{done_in_epoch} of {len(loader)} steps done)\n"
+            )
 
     for epoch in range(start_epoch, args.epochs):  # from the checkpoint's epoch
         sampler.set_epoch(epoch)  # a new order every epoch
@@ -201,13 +229,23 @@ def main(argv=None):
                 loss_sum = running_loss.clone()
                 dist.all_reduce(loss_sum)  # a collective: every rank takes part
                 if rank == 0:  # one writer; the replicas are identical
-                    save_checkpoint(args, {
-                        "config": run_config(args), "epoch": epoch, "step_in_epoch": i + 1, "step": step,
-                        "model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "losses": losses, "loss_sum": loss_sum,
-                        "rng": {"cpu": torch.get_rng_state(),
-                                "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else torch.empty(0)},
-                    })
+                    save_checkpoint(
+                        args,
+                        {
+                            "config": run_config(args),
+                            "epoch": epoch,
+                            "step_in_epoch": i + 1,
+                            "step": step,
+                            "model": ddp_model.module.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "losses": losses,
+                            "loss_sum": loss_sum,
+                            "rng": {
+                                "cpu": torch.get_rng_state(),
+                                "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else torch.empty(0),
+                            },
+                        },
+                    )
         epoch_loss = running_loss / len(loader)  # rank 0's running_loss holds the restored sum too
         dist.all_reduce(epoch_loss, op=dist.ReduceOp.AVG)  # mean over ranks; each ran len(loader) batches,
         losses.append(epoch_loss.item())  # so this is the mean loss over all batches of all ranks
@@ -216,9 +254,14 @@ def main(argv=None):
 
     if rank == 0:  # one writer
         torch.save(ddp_model.module.state_dict(), args.out / "final.pt")  # the model inside DDP
-        metrics = {"world_size": world_size, "global_batch_size": args.global_batch_size,
-                   "epochs": args.epochs, "loss": losses,  # the global mean loss per epoch
-                   "steps": step, "restarts": RESTART}
+        metrics = {
+            "world_size": world_size,
+            "global_batch_size": args.global_batch_size,
+            "epochs": args.epochs,
+            "loss": losses,  # the global mean loss per epoch
+            "steps": step,
+            "restarts": RESTART,
+        }
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     dist.barrier()  # the checkpoint is complete before anyone reads it
     state = torch.load(args.out / "final.pt", map_location=device, weights_only=True)
@@ -226,8 +269,10 @@ def main(argv=None):
     agree = torch.tensor([float(all(torch.equal(state[k], replica[k]) for k in state))], device=device)
     dist.all_reduce(agree)  # rank 0 counts the ranks that agree
     if rank == 0:
-        sys.stdout.write(f"rank 0 wrote {args.out / 'final.pt'} and metrics.json; "
-                         f"{int(agree.item())} of {world_size} ranks reloaded it: equal to their replica\n")
+        sys.stdout.write(
+            f"rank 0 wrote {args.out / 'final.pt'} and metrics.json; "
+            f"{int(agree.item())} of {world_size} ranks reloaded it: equal to their replica\n"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ single process's up to float rounding. Writes metrics.json (losses, parameters a
 rank, the sharding) and final.pt (the whole model, from rank 0) to --out. The model and the task
 come from the course's package (parallel_course.gpt), shared with the notebook and the labs.
 """
+
 import argparse
 import contextlib
 import gc
@@ -72,8 +73,10 @@ def parse_args(argv=None):
         parser.error(f"--parallel 2d needs an even world size of at least {2 * TP_SIZE_2D}, got {world_size}")
     tp, heads = mesh_shape(args.parallel, world_size)[1], GPTConfig().n_heads
     if heads % tp:  # each tensor-parallel rank computes whole heads
-        parser.error(f"--parallel {args.parallel} splits the {heads} attention heads over {tp} ranks: "
-                     f"use a world size that divides {heads}")
+        parser.error(
+            f"--parallel {args.parallel} splits the {heads} attention heads over {tp} ranks: "
+            f"use a world size that divides {heads}"
+        )
     if args.sequence_parallel and args.parallel not in ("tp", "2d"):
         parser.error(f"--sequence-parallel needs --parallel tp or 2d, got {args.parallel}")
     dp = mesh_shape(args.parallel, world_size)[0]
@@ -82,6 +85,7 @@ def parse_args(argv=None):
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} exists and is not a folder")
     return args
+
 
 def free_port():
     """A port the operating system says is free (plain `python` runs): never a fixed number."""
@@ -92,8 +96,14 @@ def free_port():
 
 def setup():
     """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", free_port())]:
+    for key, value in [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", free_port()),
+    ]:
         os.environ.setdefault(key, value)
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -126,14 +136,22 @@ def tensor_parallel(model, tp_mesh, sequence=False):
     plan = {"head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
     for i in range(len(model.blocks)):
         plan |= {f"blocks.{i}.attn.{name}": ColwiseParallel() for name in ("q", "k", "v")}
-        plan |= {f"blocks.{i}.attn.proj": RowwiseParallel(output_layouts=seq),
-                 f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel(output_layouts=seq)}
+        plan |= {
+            f"blocks.{i}.attn.proj": RowwiseParallel(output_layouts=seq),
+            f"blocks.{i}.mlp.fc": ColwiseParallel(),
+            f"blocks.{i}.mlp.proj": RowwiseParallel(output_layouts=seq),
+        }
         if sequence:  # norms on this rank's positions; attention and MLP gather the whole sequence
-            plan |= {f"blocks.{i}.{m}": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
-                     for m in ("attn", "mlp")} | {f"blocks.{i}.{norm}": SequenceParallel() for norm in ("ln1", "ln2")}
+            plan |= {
+                f"blocks.{i}.{m}": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+                for m in ("attn", "mlp")
+            } | {f"blocks.{i}.{norm}": SequenceParallel() for norm in ("ln1", "ln2")}
     if sequence:  # pos_emb's output is (T, d): its positions are dim 0
-        plan |= {"tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq), "ln_f": SequenceParallel(),
-                 "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))}
+        plan |= {
+            "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+            "ln_f": SequenceParallel(),
+            "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0)),
+        }
     parallelize_module(model, tp_mesh, plan)
 
 
@@ -149,8 +167,9 @@ def apply_layout(model, layout, mesh, device, sequence=False):
         # op on them followed (it would skip FSDP's backward hook). None does: the loss only reads.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     if layout == "ddp":
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                   process_group=mesh.get_group("dp"))
+        return DDP(
+            model, device_ids=[device.index] if device.type == "cuda" else None, process_group=mesh.get_group("dp")
+        )
     return model
 
 
@@ -173,6 +192,7 @@ class SavedActivations:
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
+
 def train(args, model, step_fn, mesh, device):
     """The training loop; returns the global mean loss of every step and this rank's memory."""
     task = AdditionTask(args.digits)
@@ -186,7 +206,7 @@ def train(args, model, step_fn, mesh, device):
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
     for step in range(args.steps):
         x, y = task.batch(data, args.global_batch_size)
-        x, y = (t[dp_rank * per_rank:(dp_rank + 1) * per_rank].to(device) for t in (x, y))
+        x, y = (t[dp_rank * per_rank : (dp_rank + 1) * per_rank].to(device) for t in (x, y))
         saved = SavedActivations(model)
         # Step 1 of a tensor-parallel layout also counts the collectives of every module.
         comms = CommDebugMode() if step == 0 and mesh["tp"].size() > 1 else contextlib.nullcontext()
@@ -198,10 +218,15 @@ def train(args, model, step_fn, mesh, device):
             # gradient of the global mean (a mean of each rank's own mean would drift).
             (loss_sum * dp_size / global_count).backward()
         if step == 0:
-            memory |= {"gradient_bytes": nbytes(p.grad for p in model.parameters() if p.grad is not None),
-                       "activation_bytes": saved.bytes}
-            block = {} if comms.__class__ is not CommDebugMode else next(
-                counts for name, counts in comms.comm_module_counts.items() if name.endswith("blocks.0"))
+            memory |= {
+                "gradient_bytes": nbytes(p.grad for p in model.parameters() if p.grad is not None),
+                "activation_bytes": saved.bytes,
+            }
+            block = (
+                {}
+                if comms.__class__ is not CommDebugMode
+                else next(counts for name, counts in comms.comm_module_counts.items() if name.endswith("blocks.0"))
+            )
             collectives = {phase: {str(op): n for op, n in block[phase].items()} for phase in block}
         optimizer.step()
         optimizer.zero_grad()
@@ -210,8 +235,9 @@ def train(args, model, step_fn, mesh, device):
         losses.append(logged.item() / global_count)
         if dist.get_rank() == 0 and ((step + 1) % log_every == 0 or step == 0):
             sys.stdout.write(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}\n")
-    memory["optimizer_state_bytes"] = nbytes(t for s in optimizer.state.values() for t in s.values()
-                                             if isinstance(t, torch.Tensor))
+    memory["optimizer_state_bytes"] = nbytes(
+        t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+    )
     return losses, memory, collectives
 
 
@@ -227,8 +253,10 @@ def main(argv=None):
     total = sum(p.numel() for p in model.parameters())
     step_fn = apply_layout(model, args.parallel, mesh, device, args.sequence_parallel)
     if rank == 0:
-        sys.stdout.write(f"{args.parallel}: backend={dist.get_backend()} device={device.type} world_size={world_size} "
-                         f"(dp {dp} x tp {tp}), global batch {args.global_batch_size}\n")
+        sys.stdout.write(
+            f"{args.parallel}: backend={dist.get_backend()} device={device.type} world_size={world_size} "
+            f"(dp {dp} x tp {tp}), global batch {args.global_batch_size}\n"
+        )
     losses, memory, collectives = train(args, model, step_fn, mesh, device)
 
     mine = {"local_parameters": sum(local(p).numel() for p in model.parameters()), **memory}
@@ -242,15 +270,27 @@ def main(argv=None):
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save({n: t.cpu() for n, t in full.items()}, args.out / "final.pt")
-        metrics = {"parallel": args.parallel, "world_size": world_size, "mesh": {"dp": dp, "tp": tp},
-                   "steps": args.steps, "seed": args.seed, "global_batch_size": args.global_batch_size,
-                   "activation_checkpointing": args.activation_checkpointing, "losses": losses,
-                   "total_parameters": total, "local_parameters": [m.pop("local_parameters") for m in every],
-                   "memory": every, "placements": placements, "sequence_parallel": args.sequence_parallel,
-                   "collectives_per_block": collectives}
+        metrics = {
+            "parallel": args.parallel,
+            "world_size": world_size,
+            "mesh": {"dp": dp, "tp": tp},
+            "steps": args.steps,
+            "seed": args.seed,
+            "global_batch_size": args.global_batch_size,
+            "activation_checkpointing": args.activation_checkpointing,
+            "losses": losses,
+            "total_parameters": total,
+            "local_parameters": [m.pop("local_parameters") for m in every],
+            "memory": every,
+            "placements": placements,
+            "sequence_parallel": args.sequence_parallel,
+            "collectives_per_block": collectives,
+        }
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-        sys.stdout.write(f"wrote {args.out / 'metrics.json'} and final.pt; each rank stores "
-                         f"{metrics['local_parameters']} of {total:,} parameter elements\n")
+        sys.stdout.write(
+            f"wrote {args.out / 'metrics.json'} and final.pt; each rank stores "
+            f"{metrics['local_parameters']} of {total:,} parameter elements\n"
+        )
 
 
 if __name__ == "__main__":

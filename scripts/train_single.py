@@ -1,7 +1,8 @@
 """A linear regression trained in one process: deterministic, learnable, averaged correctly.
 
-    python train_single.py --epochs 5 --batch-size 64 --out work/single
+python train_single.py --epochs 5 --batch-size 64 --out work/single
 """
+
 import argparse
 import json
 import sys
@@ -52,8 +53,9 @@ def main(argv=None):
     torch.save(make_data(args.samples, args.seed), data_file)
     data = torch.load(data_file, weights_only=True)
     dataset = TensorDataset(data["X"], data["y"])
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(args.seed))
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, shuffle=True, generator=torch.Generator().manual_seed(args.seed)
+    )
 
     torch.manual_seed(args.seed)  # the same initial weights on every run
     model = SimpleModel().to(device)

@@ -43,40 +43,25 @@ def version(notebook: str | Path, name: str, index: int = -1) -> str:
     return found[index]
 
 
-def code_of(line: str) -> str:
-    """A line without its trailing comment (a changed comment alone is no change)."""
-    return line.split("  # ")[0].rstrip()
-
-
-def changed_lines(before: str, after: str) -> list[str]:
-    """The lines of ``after`` whose code is new or changed since ``before``: no blank lines, no
-    docstring or comment lines, no line whose only change is its comment."""
-
-    def body(text):  # from the first import on: the module docstring says which step it is
-        lines = text.splitlines()
-        return lines[next((i for i, line in enumerate(lines) if line.startswith(("import ", "from "))), 0) :]
-
-    diff = list(difflib.unified_diff(body(before), body(after), n=0, lineterm=""))
-    removed = {code_of(line[1:]) for line in diff if line.startswith("-") and not line.startswith("---")}
-    return [
-        line[1:]
-        for line in diff
-        if line.startswith("+")
-        and not line.startswith("+++")
-        and code_of(line[1:]).strip()
-        and not line[1:].strip().startswith(('"""', "#"))
-        and code_of(line[1:]) not in removed
-    ]
-
-
 def _text(source: str | Path) -> str:
     """A script's text: ``source`` itself if it has several lines, else the file it names."""
     return source if isinstance(source, str) and "\n" in source else Path(source).read_text()
 
 
-def show_changes(before: str | Path, after: str | Path) -> None:
-    """Print the lines of code that ``after`` changed or added since ``before`` (each a path or a
-    script's text), then how many. Returns nothing, so that a cell shows only what it prints."""
-    lines = changed_lines(_text(before), _text(after))
+def diff_lines(before: str, after: str, context: int = 2) -> list[str]:
+    """The unified diff from ``before`` to ``after`` (two scripts' texts): each change with
+    ``context`` unchanged lines around it, removed lines (``-``) as well as added ones (``+``)."""
+    diff = difflib.unified_diff(before.splitlines(), after.splitlines(), n=context, lineterm="")
+    # The two file-name lines say nothing here: the caller names the versions.
+    return [line for line in diff if not line.startswith(("---", "+++"))]
+
+
+def show_changes(before: str | Path, after: str | Path, context: int = 2) -> None:
+    """Print what ``after`` changed since ``before`` (each a path or a script's text) as a
+    unified diff, then how many lines were added and removed. Returns nothing, so that a cell
+    shows only what it prints."""
+    lines = diff_lines(_text(before), _text(after), context)
+    added = sum(line.startswith("+") for line in lines)
+    removed = sum(line.startswith("-") for line in lines)
     print("\n".join(lines))
-    print(f"\n{len(lines)} line{'' if len(lines) == 1 else 's'} of code changed or added")
+    print(f"\n{added} line{'' if added == 1 else 's'} added, {removed} removed")

@@ -1,5 +1,5 @@
 """The whole course passes ruff with the config in pyproject.toml, notebooks included, and the
-package, the tests and the tools are laid out as ruff format lays them out.
+package, the tests, the tools and scripts/ are laid out as ruff format lays them out.
 
 ruff lints the notebooks' code cells; it skips `%%writefile` cells, but the last one of each name
 is exported to scripts/ (tools/export_scripts.py), which it lints. labs/ is excluded: generated

@@ -3,7 +3,7 @@
 import nbformat
 import pytest
 
-from parallel_course.scriptdiff import changed_lines, show_changes, version, written_scripts
+from parallel_course.scriptdiff import diff_lines, show_changes, version, written_scripts
 
 
 def notebook(tmp_path, *sources):
@@ -36,13 +36,20 @@ def test_an_append_before_any_write_is_an_error(tmp_path):
         written_scripts(notebook(tmp_path, "%%writefile -a work/a.py\nx = 1"))
 
 
-def test_changed_lines_are_code_that_changed_not_comments_blanks_or_docstrings():
-    before = '"""Step 1."""\nimport os\n\nx = 1  # NEW\ny = 2\n'
-    after = '"""Step 2: more."""\nimport os\n\n# a comment\nx = 1\ny = 3  # NEW\n\nz = y\n'
-    assert changed_lines(before, after) == ["y = 3  # NEW", "z = y"]
+def test_a_diff_shows_context_and_removed_lines_not_only_added_ones():
+    before = "import os\n\nx = 1\ny = 2\nz = 3\n"
+    after = "import os\n\nx = 1\ny = 20\nz = 3\nw = 4\n"
+    assert diff_lines(before, after, context=1) == [
+        "@@ -3,3 +3,4 @@",
+        " x = 1",
+        "-y = 2",
+        "+y = 20",
+        " z = 3",
+        "+w = 4",
+    ]
 
 
-def test_show_changes_reads_files_or_text(tmp_path, capsys):
+def test_show_changes_reads_files_or_text_and_counts(tmp_path, capsys):
     (tmp_path / "a.py").write_text("import os\nx = 1\n")
     assert show_changes(tmp_path / "a.py", "import os\nx = 2\n") is None  # a cell shows only the print
-    assert capsys.readouterr().out == "x = 2\n\n1 line of code changed or added\n"
+    assert capsys.readouterr().out == "@@ -1,2 +1,2 @@\n import os\n-x = 1\n+x = 2\n\n1 line added, 1 removed\n"
