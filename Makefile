@@ -45,7 +45,8 @@ lab: $(STAMP)
 	  --IdentityProvider.token=$$TOKEN $$ROOT --KernelManager.transport_encryption=auto \
 	  --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks/00_setup_check.ipynb
 
-# Two workers (pytest-xdist; conftest.py says how the work is split and why).
+# Two workers (pytest-xdist): tests/harness/units_of_work.py says how the work is split and why;
+# --no-loadscope-reorder keeps the order it hands the work out in (cheap first).
 test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --no-loadscope-reorder
 

@@ -1,14 +1,46 @@
-"""What several test files share: the course's notebooks in order, scripts loaded as modules or run
-until they join a process group, and stored outputs sanitized and compared."""
+"""What several test files share: the course's notebooks in order, scripts loaded as modules, launched
+as a fresh job would be or run until they join a process group, stored outputs sanitized and
+compared, and a pytest run of its own for the tests of the harness."""
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from parallel_course.launch import run_bounded
+
 ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+# Where the harness plugins are found (``harness.timing``...), for a pytest run of its own.
+HARNESS_PATH = str(ROOT / "tests")
+# What a launcher tells the processes it starts, cleared before every launch: a job starts as it
+# would from a fresh shell, whatever the suite's own environment holds (a shell where someone
+# tried a launch by hand, a job scheduler's allocation, the suite run under a launcher). torchrun
+# sets them again for its workers; a plain `python` run must see none of them.
+LAUNCHER_VARIABLES = (
+    # dist_setup.setup() joins env:// when RANK is set (waiting for a group that never forms);
+    # scripts refuse a count or size their work from WORLD_SIZE.
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    # The device each process takes (cuda:LOCAL_RANK) and whether every process gets a GPU.
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    # The node's rank: chapter 10's script reads it to tell a torchrun launch from another.
+    "GROUP_RANK",
+    # A restart of torchrun's: train_ddp.py resumes from its checkpoint when the count is above 0,
+    # and setup() connects to torchrun's own store when told to use it.
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    # Changes what a collective checks and prints (chapter 09's mismatch demo sets it itself).
+    "TORCH_DISTRIBUTED_DEBUG",
+)
 # 00_setup_check.ipynb ... 06a_timing_and_bandwidth.ipynb ...: a chapter number, a letter where a
 # chapter has several lectures, then the name.
 LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
@@ -33,6 +65,38 @@ def load_script(path: Path | str):
     finally:
         sys.path.remove(str(path.parent))
     return module
+
+
+def job_environment(**extra: str) -> dict[str, str]:
+    """The environment of a fresh job: this one without LAUNCHER_VARIABLES, one thread per process
+    (two or more processes share a few cores), then ``extra``."""
+    env = {key: value for key, value in os.environ.items() if key not in LAUNCHER_VARIABLES}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def job_command(script: Path | str, nproc: int | None, *args) -> list[str]:
+    """``python script args`` for ``nproc`` None, else ``torchrun --standalone
+    --nproc_per_node=nproc script args`` (a free port each time)."""
+    launcher = [sys.executable] if nproc is None else [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}"]
+    return [*launcher, str(script), *(str(arg) for arg in args)]
+
+
+def launch(cmd: list, cwd: Path = ROOT, timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in ``cwd`` as a fresh job (``job_environment``), bounded in time: run_bounded kills
+    the launcher and its workers together. A job past its time fails the test with its last words."""
+    try:
+        return run_bounded([str(c) for c in cmd], timeout=timeout, cwd=cwd, env=job_environment(**extra_env))
+    except subprocess.TimeoutExpired as e:
+        command = " ".join(map(str, cmd))
+        pytest.fail(f"{command} did not finish within {timeout} s; its last words:\n{(e.stderr or '')[-3000:]}")
+
+
+def own_suite(folder: Path, *plugins: str) -> list[str]:
+    """pytest's arguments for a suite of its own in ``folder``, apart from this repository's
+    configuration, with the harness plugins named (``harness.timing``...): run it with
+    ``PYTHONPATH=HARNESS_PATH``, where they are found."""
+    loaded = [arg for plugin in plugins for arg in ("-p", plugin)]
+    return [*loaded, "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(folder), "-q"]
 
 
 def sanitize(text: str) -> str:
@@ -91,7 +155,7 @@ def recording_set_device(device):
     devices.append(str(torch.device("cuda", device) if isinstance(device, int) else device))
 
 
-fake_gpus, runs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+fake_gpus, runs, launcher_variables = (json.loads(arg) for arg in sys.argv[1:4])
 if fake_gpus:
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: fake_gpus
@@ -100,8 +164,7 @@ dist.init_process_group = recording_init
 dist.TCPStore = lambda *args, **kwargs: dist.HashStore()  # torchrun's agent store, here in memory
 found = []
 for run in runs:
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
+    for key in launcher_variables:
         os.environ.pop(key, None)
     os.environ.update(run["environment"])
     joins.clear()
@@ -139,7 +202,7 @@ def run_until_joined(runs: list[dict], cwd: Path, fake_gpus: int = 0) -> list[di
     "<script>: error: ..." lines), "finished without joining a group" or the exception raised.
     """
     result = subprocess.run(
-        [sys.executable, "-c", _UNTIL_JOINED, json.dumps(fake_gpus), json.dumps(runs)],
+        [sys.executable, "-c", _UNTIL_JOINED, *map(json.dumps, (fake_gpus, runs, LAUNCHER_VARIABLES))],
         cwd=cwd,
         capture_output=True,
         text=True,

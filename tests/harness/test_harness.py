@@ -1,13 +1,20 @@
-"""The test harness itself: strict nbval catches a crashed launch; make refuses an old Python."""
+"""The test harness itself: strict nbval catches a crashed launch; make refuses an old Python; how
+make test's two workers split and order the work (units_of_work.py); the time report (timing.py)."""
 
+import itertools
+import os
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
+from harness.units_of_work import UnitsOfWork, in_unit_of
+from helpers import HARNESS_PATH, own_suite
 from parallel_course.launch import run_bounded
+from parallel_course.scriptdiff import written_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,19 +76,138 @@ def test_make_refuses_an_old_python_with_a_clear_message(tmp_path):
     assert "Python 3.9.18" in result.stdout
 
 
-def test_a_worker_runs_each_file_whole_and_the_files_sharing_work_names_together():
-    """make test's two workers (conftest.py): a notebook's cells in one kernel, in order, then the test
-    that runs it again; 04 and 09, which write different train_ddp.py into notebooks/work/, together."""
-    from conftest import RERUN_TEST, SHARED_WORK, unit_of_work
+def run_own_suite(folder: Path, plugin: str, *args: str):
+    """pytest in a suite of its own in ``folder``, with one of the harness's plugins."""
+    return run_bounded(
+        [sys.executable, "-m", "pytest", *own_suite(folder, plugin), *args],
+        timeout=180,
+        cwd=folder,
+        env=dict(os.environ, PYTHONPATH=HARNESS_PATH),
+    )
 
+
+def writes(*names: str):
+    """A notebook that writes each script of ``names`` into work/ (the second of a name in two parts)."""
+    cells = []
+    for name in names:
+        cells += [new_code_cell(f"%%writefile work/{name}\nx = 1"), new_code_cell(f"%%writefile -a work/{name}\ny = 2")]
+    return new_notebook(cells=cells)
+
+
+def test_a_unit_of_work_is_a_test_file_or_a_notebook_with_the_tests_that_ask_for_it():
+    units = UnitsOfWork(ROOT)
     lecture = "notebooks/10_multi_node_and_clusters.ipynb"
-    assert unit_of_work(f"{lecture}::Cell 4") == lecture
-    assert unit_of_work(f"{RERUN_TEST}{lecture}]") == lecture
-    assert unit_of_work("tests/launches/test_launch.py::test_x[a::b]") == "tests/launches/test_launch.py"
+    assert units.of(f"{lecture}::Cell 4") == units.of(f"{lecture}::Cell 0")
+    assert units.of(f"tests/launches/test_rerun.py::test_a_notebook_passes_twice_in_a_row[{in_unit_of(lecture)}]") == (
+        units.of(f"{lecture}::Cell 0")
+    )
+    assert units.of("tests/launches/test_launch.py::test_x[a::b]") == "tests/launches/test_launch.py"
     assert (
-        unit_of_work("tests/launches/test_rerun.py::test_two_checkouts_run_a_notebook_at_once")
+        units.of("tests/launches/test_rerun.py::test_two_checkouts_run_a_notebook_at_once")
         == "tests/launches/test_rerun.py"
     )
-    shared = {unit_of_work(f"{path}::Cell 1") for path in SHARED_WORK}
-    assert shared == {unit_of_work(f"{RERUN_TEST}notebooks/09_fault_tolerance_and_debugging.ipynb]")}
-    assert len(shared) == 1 and "notebooks/04_distributed_data_parallel.ipynb" in SHARED_WORK
+
+
+def test_notebooks_that_write_the_same_name_into_work_are_one_unit(tmp_path):
+    """Their scripts would overwrite each other's in work/: one worker runs them one after the other.
+    Sharing goes through: a with b (x.py), b with c (y.py) make one unit; another folder has a
+    work/ of its own."""
+    for path, notebook in {
+        "notebooks/a.ipynb": writes("x.py"),
+        "notebooks/b.ipynb": writes("y.py", "x.py"),
+        "notebooks/c.ipynb": writes("y.py"),
+        "notebooks/d.ipynb": writes("z.py"),
+        "notebooks/e.ipynb": new_notebook(cells=[new_code_cell("print(1)")]),
+        "solutions/f.ipynb": writes("x.py"),
+    }.items():
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        nbformat.write(notebook, tmp_path / path)
+    units = UnitsOfWork(tmp_path)
+    found = {name: units.of(f"{'solutions' if name == 'f' else 'notebooks'}/{name}.ipynb::Cell 1") for name in "abcdef"}
+    assert found["a"] == found["b"] == found["c"] == "notebooks/a.ipynb"
+    assert found["d"] == "notebooks/d.ipynb" and found["e"] == "notebooks/e.ipynb"
+    assert found["f"] == "solutions/f.ipynb"
+
+
+def test_the_course_notebooks_that_write_a_same_named_script_are_one_unit():
+    units = UnitsOfWork(ROOT)
+    for folder in ("notebooks", "solutions"):
+        notebooks = sorted((ROOT / folder).glob("*.ipynb"))
+        names = {notebook: set(written_scripts(notebook)) for notebook in notebooks}
+        for a, b in itertools.combinations(notebooks, 2):
+            unit_a, unit_b = (units.of(f"{n.relative_to(ROOT).as_posix()}::Cell 0") for n in (a, b))
+            if names[a] & names[b]:
+                assert unit_a == unit_b, f"{a.name} and {b.name} both write {sorted(names[a] & names[b])}"
+
+
+RECORD = """\
+import os, pathlib
+
+
+def record(name):
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    with open(pathlib.Path(__file__).parent / f"ran_by_{worker}.txt", "a") as log:
+        log.write(name + "\\n")
+"""
+
+
+def test_two_workers_run_each_unit_whole_in_order(tmp_path):
+    """As make test runs: a unit of work goes to one worker, whole, in order; a test that asks for
+    another's unit runs there, after it."""
+    for name in ("a", "b"):
+        tests = "".join(f"\n\ndef test_{name}{i}():\n    record('{name}{i}')\n" for i in range(3))
+        (tmp_path / f"test_{name}.py").write_text(RECORD + tests)
+    (tmp_path / "test_c.py").write_text(
+        RECORD
+        + textwrap.dedent(f"""\
+        import pytest
+
+
+        @pytest.mark.parametrize("unit", ["test_a.py"], ids=[{in_unit_of("test_a.py")!r}])
+        def test_after_a(unit):
+            record("c")
+        """)
+    )
+    result = run_own_suite(tmp_path, "harness.units_of_work", "-n", "2", "--no-loadscope-reorder")
+    assert result.returncode == 0, result.stdout[-3000:]
+    ran = [log.read_text().split() for log in tmp_path.glob("ran_by_*.txt")]
+    assert sorted(name for names in ran for name in names) == ["a0", "a1", "a2", "b0", "b1", "b2", "c"], ran
+    # Each unit on one worker, in order, whatever the other worker ran.
+    for unit in (["a0", "a1", "a2", "c"], ["b0", "b1", "b2"]):
+        assert [[name for name in names if name in unit] for names in ran if unit[0] in names] == [unit], ran
+
+
+def test_work_is_handed_out_cheap_first_and_heavy_last(tmp_path):
+    """The first-marked test, other tests, notebooks, then heavy tests: marked so, or in a heavy folder."""
+    test = "def test_it():\n    pass\n"
+    files = {
+        "tests/launches/test_l.py": test,
+        "tests/course/test_marked_heavy.py": f"import pytest\n\npytestmark = pytest.mark.heavy\n\n\n{test}",
+        "tests/unit/test_u.py": test,
+        "tests/course/test_marked_first.py": f"import pytest\n\npytestmark = pytest.mark.first\n\n\n{test}",
+    }
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    (tmp_path / "notebooks").mkdir()
+    nbformat.write(new_notebook(cells=[new_code_cell("1 + 1")]), tmp_path / "notebooks/n.ipynb")
+    result = run_own_suite(tmp_path, "harness.units_of_work", "--collect-only", "--nbval", *files, "notebooks")
+    assert result.returncode == 0, result.stdout[-3000:]
+    order = [line.split("::")[0] for line in result.stdout.splitlines() if "::" in line]
+    assert order == [
+        "tests/course/test_marked_first.py",
+        "tests/unit/test_u.py",
+        "notebooks/n.ipynb",
+        "tests/launches/test_l.py",
+        "tests/course/test_marked_heavy.py",
+    ], result.stdout
+
+
+def test_the_time_report_names_every_file_slowest_last(tmp_path):
+    (tmp_path / "test_slow.py").write_text("import time\n\n\ndef test_slow():\n    time.sleep(0.5)\n")
+    (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
+    result = run_own_suite(tmp_path, "harness.timing", "test_slow.py", "test_quick.py")
+    assert result.returncode == 0, result.stdout[-3000:]
+    report = result.stdout.split("time per test file and notebook (slowest last)", 1)[1].splitlines()[1:]
+    assert [line.split()[-1] for line in report[:4]] == ["test_quick.py", "test_slow.py", "notebooks", "everything"]
+    assert float(report[1].split()[0]) >= 0.5 and float(report[3].split()[0]) >= 0.5, report

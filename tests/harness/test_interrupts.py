@@ -1,4 +1,5 @@
-"""Stopping a run half-way leaves no process behind.
+"""Nothing left behind (nothing_left_behind.py): stopping a run half-way leaves no process behind,
+and a run that leaves a process or a changed working tree fails.
 
 A CI time-out sends SIGTERM to the suite's process group; a person presses Ctrl-C (SIGINT); a
 student interrupts a notebook cell while ``!torchrun`` runs. In every case the launcher and its
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUN_MARK, RUN_OWNER, alive_marked_processes, kill_marked_processes
+from harness.nothing_left_behind import RUN_MARK, RUN_OWNER, alive_marked_processes, kill_marked_processes
+from helpers import HARNESS_PATH, own_suite
+from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -49,16 +52,18 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 
 def fresh_env(tmp_path: Path) -> tuple[dict, str]:
-    mark = uuid.uuid4().hex  # this inner run's own mark, so only its processes are counted
-    env = dict(os.environ, OMP_NUM_THREADS="1", READY_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    # This inner run's own mark, so only its processes are counted.
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS="1", READY_DIR=str(tmp_path), PYTHONPATH=HARNESS_PATH)
     env[RUN_MARK] = mark
-    env.pop(RUN_OWNER, None)  # an inner suite of its own, which owns its mark (conftest.py)
+    # An inner suite of its own, which owns its mark.
+    env.pop(RUN_OWNER, None)
     return env, mark
 
 
 def inner_suite(tmp_path: Path, *args: str) -> list[str]:
-    """pytest's arguments for a suite of its own in tmp_path, with the course's conftest as a plugin."""
-    return ["-p", "conftest", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path), "-q", *args]
+    """pytest's arguments for a suite of its own in tmp_path, which leaves nothing behind."""
+    return [*own_suite(tmp_path, "harness.nothing_left_behind"), *args]
 
 
 def assert_nothing_left(mark: str, spare: set[int] = frozenset()) -> None:
@@ -138,10 +143,8 @@ def test_interrupting_a_cell_stops_its_torchrun(tmp_path):
 
 
 def test_a_run_that_leaves_a_process_behind_fails(tmp_path):
-    """The aftermath (conftest.py): a test that starts a process and forgets it fails the run, though
-    every test passed, and the process is stopped."""
-    from parallel_course.launch import run_bounded
-
+    """The aftermath: a test that starts a process and forgets it fails the run, though every test
+    passed, and the process is stopped."""
     (tmp_path / "test_forgets_a_process.py").write_text(
         textwrap.dedent("""\
         import subprocess, sys
@@ -161,3 +164,30 @@ def test_a_run_that_leaves_a_process_behind_fails(tmp_path):
     assert "aftermath: the suite left something behind" in result.stdout, result.stdout[-3000:]
     assert "time.sleep(600)" in result.stdout, result.stdout[-3000:]
     assert_nothing_left(mark)
+
+
+def test_a_run_that_changes_the_working_tree_fails(tmp_path):
+    """The aftermath: a test that writes into the checkout, outside a git-ignored place, fails the
+    run, though every test passed; what it changed is named."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / ".gitignore").write_text("work/\n__pycache__/\n")
+    (checkout / "test_writes.py").write_text(
+        textwrap.dedent("""\
+        from pathlib import Path
+
+        def test_writes_into_work_and_beside_it():
+            Path("work").mkdir(exist_ok=True)
+            Path("work", "fine.txt").write_text("ignored by git")
+            Path("stray.txt").write_text("left in the checkout")
+        """)
+    )
+    for git in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+        subprocess.run(["git", *git], cwd=checkout, check=True, capture_output=True)
+    env, mark = fresh_env(tmp_path)
+    result = run_bounded(
+        [sys.executable, "-m", "pytest", *inner_suite(checkout, "test_writes.py")], timeout=180, cwd=checkout, env=env
+    )
+    assert result.returncode == 1 and "1 passed" in result.stdout, result.stdout[-3000:]
+    assert "the suite changed the working tree" in result.stdout, result.stdout[-3000:]
+    assert "?? stray.txt" in result.stdout and "fine.txt" not in result.stdout, result.stdout[-3000:]

@@ -1,42 +1,25 @@
-"""scripts/bench_allreduce.py and scripts/bench_scaling.py (exported from notebook 06) at tiny sizes.
+"""scripts/bench_allreduce.py and scripts/bench_scaling.py (chapter 06a and 06b's benchmarks) at tiny sizes.
 
 They are benchmarks: here we only check that they run (plain python and torchrun), that their
 JSON is well-formed and consistent, and that they follow the reference-script contract
 (--help, one-line errors). No timing is asserted. Two pieces of logic are checked exactly:
-bench_allreduce.py's alpha-beta fit against parallel_course.perf's (the script carries its own
+bench_allreduce.py's alpha-beta fit against parallel_course.bandwidth's (the script carries its own
 copy), and bench_scaling.py's model of DDP's buckets against DDP's reducer.
 """
 
 import itertools
 import json
 import math
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import load_script
-from parallel_course import perf
-from parallel_course.launch import run_bounded
+from helpers import job_command, launch, load_script
+from parallel_course import bandwidth
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLREDUCE = ROOT / "scripts" / "bench_allreduce.py"
 SCALING = ROOT / "scripts" / "bench_scaling.py"
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-
-
-def launch(script, nproc, *args, timeout=90):
-    """`python script` for nproc=None, else `torchrun --standalone --nproc_per_node=nproc script`."""
-    cmd = (
-        [sys.executable, str(script)]
-        if nproc is None
-        else [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script)]
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    return run_bounded(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
 
 
 TINY_ALLREDUCE = ["--min-bytes", "1K", "--max-bytes", "16K", "--factor", "4", "--warmup", "1", "--iters", "3"]
@@ -44,7 +27,7 @@ TINY_ALLREDUCE = ["--min-bytes", "1K", "--max-bytes", "16K", "--factor", "4", "-
 
 def test_allreduce_under_torchrun_both_implementations(tmp_path):
     out = tmp_path / "ar.json"
-    result = launch(ALLREDUCE, 2, *TINY_ALLREDUCE, "--impl", "both", "--json", out)
+    result = launch(job_command(ALLREDUCE, 2, *TINY_ALLREDUCE, "--impl", "both", "--json", out))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "impl=torch" in result.stdout and "impl=ring" in result.stdout
     assert result.stdout.count("# alpha-beta fit: ") == 2  # fitted, or why not (latency-bound sizes)
@@ -66,7 +49,7 @@ def test_allreduce_under_torchrun_both_implementations(tmp_path):
 
 def test_allreduce_as_plain_python_and_quiet(tmp_path):
     out = tmp_path / "sub" / "ar.json"
-    result = launch(ALLREDUCE, None, *TINY_ALLREDUCE, "--impl", "ring", "--json", out, "--quiet")
+    result = launch(job_command(ALLREDUCE, None, *TINY_ALLREDUCE, "--impl", "ring", "--json", out, "--quiet"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("\n") == 1 and "1 ranks" in result.stdout and "results checked: OK" in result.stdout
     report = json.loads(out.read_text())
@@ -78,25 +61,8 @@ def test_allreduce_as_plain_python_and_quiet(tmp_path):
 def test_scaling_whole_comparison(tmp_path):
     """--nproc-list 1,2: DDP on 1 in this process, DDP on 2 through torchrun; each beside one process."""
     out = tmp_path / "sc.json"
-    result = launch(
-        SCALING,
-        None,
-        "--model",
-        "both",
-        "--global-batch-size",
-        "8",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--nproc-list",
-        "1,2",
-        "--timeout",
-        "60",
-        "--json",
-        out,
-        timeout=120,
-    )
+    args = ["--model", "both", "--global-batch-size", "8", "--steps", "2", "--warmup", "1", "--nproc-list", "1,2"]
+    result = launch(job_command(SCALING, None, *args, "--timeout", "60", "--json", out), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "thread(s) per process" in result.stdout and "#configuration" in result.stdout
     assert "# overlap = (compute + comm - step) / comm" in result.stdout  # the column is explained
@@ -137,7 +103,7 @@ def test_help(script, options, capsys):
 
 
 def test_bad_argument_from_the_command_line():
-    result = launch(SCALING, None, "--steps", "0", timeout=60)
+    result = launch(job_command(SCALING, None, "--steps", "0"), timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert errors == ["bench_scaling.py: error: --steps and --threads must be at least 1, --warmup at least 0"]
@@ -183,10 +149,10 @@ def alpha_beta_cases():
 
 @pytest.mark.parametrize("sizes, times, world_size", alpha_beta_cases())
 def test_allreduce_fit_is_the_course_fit(sizes, times, world_size):
-    """bench_allreduce.py stays self-contained (its own fit_alpha_beta) and agrees with perf.fit_alpha_beta."""
+    """bench_allreduce.py stays self-contained (its own fit_alpha_beta) and agrees with bandwidth.fit_alpha_beta."""
     script = load_script(ALLREDUCE)
     try:
-        expected = perf.fit_alpha_beta(sizes, times, world_size)
+        expected = bandwidth.fit_alpha_beta(sizes, times, world_size)
     except ValueError as error:
         with pytest.raises(ValueError) as raised:
             script.fit_alpha_beta(sizes, times, world_size)

@@ -17,7 +17,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,33 +25,16 @@ import psutil
 import pytest
 import torch
 
-from helpers import load_script
+from helpers import TORCHRUN, job_command, job_environment, launch, load_script
 from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 # 4 epochs of 32 steps (global batch 32 of 1024 samples), a checkpoint every 5 steps
 TRAIN = ["--epochs", "4", "--samples", "1024", "--global-batch-size", "32", "--seed", "3", "--checkpoint-every", "5"]
 STEPS = 4 * 1024 // 32
 TRIALS = int(os.environ.get("PARALLEL_COURSE_FAULT_TRIALS", "2"))
 LAUNCH_TIMEOUT = 120  # s: a launch that takes longer is a hang, and is killed
-
-
-def env(**extra):
-    e = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
-    for var in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RESTART_COUNT",
-        "TORCHELASTIC_USE_AGENT_STORE",
-    ):
-        e.pop(var, None)
-    return e
 
 
 def torchrun_cmd(*args, restarts=0):
@@ -98,7 +80,7 @@ class Launch:
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env=env(**extra_env),
+            env=job_environment(**extra_env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -291,7 +273,10 @@ def test_two_jobs_at_once_do_not_collide(tmp_path):
 
     def run(name):
         results[name] = run_bounded(
-            torchrun_cmd(*TRAIN, "--epochs", 1, "--out", tmp_path / name), timeout=LAUNCH_TIMEOUT, cwd=ROOT, env=env()
+            torchrun_cmd(*TRAIN, "--epochs", 1, "--out", tmp_path / name),
+            timeout=LAUNCH_TIMEOUT,
+            cwd=ROOT,
+            env=job_environment(),
         )
 
     threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
@@ -305,14 +290,7 @@ def test_two_jobs_at_once_do_not_collide(tmp_path):
 
 
 def python_run(*args):
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *[str(a) for a in args]],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=LAUNCH_TIMEOUT,
-    )
+    return launch(job_command(SCRIPT, None, *args), timeout=LAUNCH_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

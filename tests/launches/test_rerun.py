@@ -2,15 +2,16 @@
 
 - The notebooks whose launches read back what a run left in work/ (checkpoints they resume from,
   files they append to, a sharded checkpoint they load) clear it first, in the cell. Each is run
-  again under strict nbval in the same checkout, right after the suite's own run of it (the same
-  worker, conftest.py; run on its own, the test runs it twice). 09 once failed this: a previous
-  run's checkpoint made it resume a job that should have started afresh.
+  again under strict nbval in the same checkout, right after the suite's own run of it (in its
+  unit of work, on the same worker: tests/harness/units_of_work.py; run on its own, the test runs
+  it twice). 09 once failed this: a previous run's checkpoint made it resume a job that should
+  have started afresh.
 - Two checkouts of the course run chapter 00 (four launches, `torchrun --standalone` among them)
   at the same time: ports come from the operating system and work/ is each checkout's own, so
   both pass.
 
 Both run pytest in a process of its own, bounded in time; it carries this run's mark, so an
-interrupted suite stops it too (conftest.py).
+interrupted suite stops it too (tests/harness/nothing_left_behind.py).
 """
 
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NOTEBOOKS_RUN, RERUN_TEST, unit_of_work
+from harness.units_of_work import UnitsOfWork, in_unit_of, notebooks_run
 from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,10 +40,13 @@ def nbval(notebook: str, cwd: Path) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("notebook", RERUN)  # the id is the path: conftest.unit_of_work reads it
+# The id puts each run in its notebook's unit of work: on the worker that ran the notebook, after it.
+@pytest.mark.parametrize("notebook", RERUN, ids=in_unit_of)
 def test_a_notebook_passes_twice_in_a_row(notebook, request):
-    assert unit_of_work(request.node.nodeid) == unit_of_work(f"{notebook}::Cell 0"), RERUN_TEST  # same worker
-    if notebook not in NOTEBOOKS_RUN:  # the suite has not run it in this process: a first run
+    units = UnitsOfWork(ROOT)
+    assert units.of(request.node.nodeid) == units.of(f"{notebook}::Cell 0")
+    # The suite has not run it in this process: a first run.
+    if notebook not in notebooks_run(request.config):
         rc, out = nbval(notebook, ROOT)
         assert rc == 0, f"first run of {notebook} failed:\n{out[-5000:]}"
     rc, out = nbval(notebook, ROOT)

@@ -1,4 +1,4 @@
-"""scripts/train_ddp.py, the reference script (chapter 04; exported from its last version, in 09).
+"""scripts/train_ddp.py, the reference script (chapter 04's c04_train_ddp.py, grown in chapter 09).
 
 - the same final weights (within 1e-5) at world sizes 1 (plain python), 2 and 4 (torchrun)
   with the same global batch, and a well-formed metrics.json whose loss falls;
@@ -7,33 +7,18 @@
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import load_script
-from parallel_course.launch import run_bounded
+from helpers import job_command, launch, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TRAIN_ARGS = ["--epochs", "3", "--global-batch-size", "32", "--samples", "256", "--seed", "1"]
 TOLERANCE = 1e-5
-
-
-def launch(nproc, *args, timeout=90):
-    """`python train_ddp.py` for nproc=None, else `torchrun --nproc_per_node=nproc train_ddp.py`."""
-    if nproc is None:
-        cmd = [sys.executable, str(SCRIPT)]
-    else:
-        cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        env.pop(var, None)
-    return run_bounded(cmd + [str(a) for a in args], timeout=timeout, cwd=ROOT, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +28,7 @@ def runs(tmp_path_factory):
     outs = {}
     for world_size, nproc in [(1, None), (2, 2), (4, 4)]:
         out = base / f"n{world_size}"
-        result = launch(nproc, *TRAIN_ARGS, "--out", out)
+        result = launch(job_command(SCRIPT, nproc, *TRAIN_ARGS, "--out", out))
         assert result.returncode == 0, result.stderr[-3000:]
         outs[world_size] = out
     return outs
@@ -76,19 +61,17 @@ def test_metrics_json(runs, world_size):
 
 
 def test_bad_argument_from_the_command_line(tmp_path):
-    result = launch(None, "--epochs", "0", "--out", tmp_path / "out", timeout=60)
+    result = launch(job_command(SCRIPT, None, "--epochs", "0", "--out", tmp_path / "out"), timeout=60)
     assert result.returncode != 0
     assert result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if "error" in line]
-    assert errors == [
-        "train_ddp.py: error: --epochs, --samples, --global-batch-size and --checkpoint-every must be at least 1"
-    ]
+    assert errors == ["train_ddp.py: error: --epochs, --samples and --global-batch-size must be at least 1"]
     assert result.stderr.splitlines()[-1] == errors[0]
     assert not (tmp_path / "out").exists()
 
 
 def test_help(tmp_path):
-    result = launch(None, "--help", timeout=60)
+    result = launch(job_command(SCRIPT, None, "--help"), timeout=60)
     assert result.returncode == 0, result.stderr
     for option in ["--epochs", "--global-batch-size", "--samples", "--seed", "--lr", "--out"]:
         assert option in result.stdout

@@ -10,18 +10,14 @@ A CPU machine cannot launch 8 processes of every script within the suite's time,
 The notebooks launch the same scripts at 2 and 4, and `make test-gpu` at every GPU (tests/gpu/test_gpu.py).
 """
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import run_until_joined
-from parallel_course.launch import run_bounded
+from helpers import job_command, launch, run_until_joined
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 # (script, world size, arguments): counts each script cannot run, and must refuse.
 REFUSED = [
@@ -90,22 +86,21 @@ def test_counts_where_the_arithmetic_changes_are_accepted(stops):
     assert not wrong, "\n".join(wrong)
 
 
-def launch(tmp_path, nproc, script, *args):
-    cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(SCRIPTS / script), *args]
-    if nproc == 1:
-        cmd = [sys.executable, str(SCRIPTS / script), *args]  # as a user runs one process
-    result = run_bounded(cmd, timeout=120, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def launch_ok(tmp_path, nproc, script, *args):
+    # One process as a user runs it: plain python.
+    cmd = job_command(SCRIPTS / script, None if nproc == 1 else nproc, *args)
+    result = launch(cmd, tmp_path, timeout=120)
     assert result.returncode == 0, f"{script} on {nproc}: exit {result.returncode}\n{result.stderr[-3000:]}"
     return result.stdout
 
 
 @pytest.mark.parametrize("nproc", [1, 3])
 def test_pipelining_with_one_stage_and_with_uneven_stages_equals_the_unsplit_model(tmp_path, nproc):
-    stdout = launch(tmp_path, nproc, "c07_torch_pipelining.py")
+    stdout = launch_ok(tmp_path, nproc, "c07_torch_pipelining.py")
     assert stdout.count("equal the unsplit model's: True") == 2, stdout  # GPipe and 1F1B
     assert f"{nproc} stage(s) of {'8' if nproc == 1 else '2 or 3'} layers" in stdout, stdout
 
 
 def test_tensor_parallel_layers_on_one_rank_send_nothing_and_still_agree(tmp_path):
-    stdout = launch(tmp_path, 1, "c07_tensor_parallel.py")
+    stdout = launch_ok(tmp_path, 1, "c07_tensor_parallel.py")
     assert "FAIL" not in stdout and "PASS the MLP communicates once each way (on 2+ ranks)" in stdout, stdout
