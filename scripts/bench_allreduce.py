@@ -2,7 +2,8 @@
 
     torchrun --standalone --nproc_per_node=2 bench_allreduce.py --json allreduce.json
     torchrun --standalone --nproc_per_node=2 bench_allreduce.py --impl both --max-bytes 16M
-    python bench_allreduce.py            # one process: runs, but there is nothing to exchange
+    # one process: runs, but there is nothing to exchange
+    python bench_allreduce.py
 
 For each size (from --min-bytes to --max-bytes, times --factor): checks the result once, runs
 --warmup untimed all-reduces, then --iters timed ones, each started together (a barrier) and
@@ -14,28 +15,26 @@ rank's (gathered from all ranks); the median over iterations is reported.
 busbw is the rate at which each rank sends (and receives) in a ring all-reduce: compare it
 with the hardware's bandwidth per direction, whatever N is. The alpha-beta model
 t(S) = alpha + (2(N-1)/N) * S / beta is fitted by least squares on relative error (the same fit
-as the course's parallel_course.perf.fit_alpha_beta, copied so that this script stands alone):
-alpha is the fixed cost of one all-reduce at this world size, beta the bus bandwidth it tends to
-for large messages.
+as the course's parallel_course.bandwidth.fit_alpha_beta, copied so that this script needs only
+dist_setup.py beside it): alpha is the fixed cost of one all-reduce at this world size, beta the
+bus bandwidth it tends to for large messages.
 
 --impl ring times the course's own ring all-reduce (chapter 03) instead of dist.all_reduce; --impl
 both times the two, alternating them size by size so that both see the same machine load.
 """
 
 import argparse
-import gc
 import json
-import os
 import re
-import socket
 import statistics
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from dist_setup import setup, teardown
 
 UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
 
@@ -83,35 +82,6 @@ def parse_args(argv=None):
     return args
 
 
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", free_port()),
-    ]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    return device
-
-
 def ring_allreduce(tensor):
     """Chapter 03's ring all-reduce, for any length: reduce-scatter, then all-gather, over N chunks
     (tensor_split: the first ones one element longer); at each step every rank sends one chunk to
@@ -121,10 +91,12 @@ def ring_allreduce(tensor):
     if n == 1:
         return tensor
     right, left = (rank + 1) % n, (rank - 1) % n
-    chunks = tensor.view(-1).tensor_split(n)  # views: writing a chunk writes `tensor`
+    # views: writing a chunk writes `tensor`
+    chunks = tensor.view(-1).tensor_split(n)
     for s in range(2 * (n - 1)):
         outgoing, arriving = chunks[(rank - s) % n], chunks[(rank - s - 1) % n]
-        reducing = s < n - 1  # the first n - 1 steps add; the others copy finished chunks into place
+        # the first n - 1 steps add; the others copy finished chunks into place
+        reducing = s < n - 1
         buffer = torch.empty_like(arriving) if reducing else arriving
         ops = [dist.P2POp(dist.isend, outgoing, right), dist.P2POp(dist.irecv, buffer, left)]
         for request in dist.batch_isend_irecv(ops):
@@ -143,7 +115,8 @@ def sync(device):
 
 
 def time_one(fn, tensor, device):
-    dist.barrier()  # start together: a rank that arrives late would be timed as a slow collective
+    # Start together: a rank that arrives late would be timed as a slow collective.
+    dist.barrier()
     sync(device)
     start = time.perf_counter()
     fn(tensor)
@@ -151,11 +124,52 @@ def time_one(fn, tensor, device):
     return time.perf_counter() - start
 
 
+def message_sizes(min_bytes, max_bytes, factor):
+    """From min_bytes to max_bytes, times factor each step, rounded down to whole float32 elements."""
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size - size % 4)
+        size *= factor
+    return sizes
+
+
+def measure(fn, nbytes, device, warmup, iters):
+    """Check one all-reduce of nbytes, warm up, then time iters of them: (result correct, median of
+    the slowest rank's times)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    x = torch.full((nbytes // 4,), float(rank + 1), device=device)
+    fn(x)
+    correct = bool((x == world_size * (world_size + 1) / 2).all())
+    # zeros: repeated in-place sums stay finite
+    x.zero_()
+    for _ in range(warmup):
+        fn(x)
+    mine = torch.tensor([time_one(fn, x, device) for _ in range(iters)], dtype=torch.float64)
+    # An all-reduce ends when the last rank is done: the slowest rank's time, iteration by iteration.
+    slowest = mine.to(device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return correct, statistics.median(slowest.cpu().tolist())
+
+
+def bandwidths(nbytes, seconds, world_size):
+    """One row of the table: nccl-tests' algbw and busbw."""
+    algbw = nbytes / seconds
+    bus_factor = 2 * (world_size - 1) / world_size
+    return {
+        "bytes": nbytes,
+        "count": nbytes // 4,
+        "time_s": seconds,
+        "algbw_bytes_per_s": algbw,
+        "busbw_bytes_per_s": algbw * bus_factor,
+    }
+
+
 def fit_alpha_beta(sizes, times, world_size):
     """Least squares of t = alpha + (2(N-1)/N) * S / beta, on relative error (weights 1/t).
 
     Returns {"alpha_s": ..., "beta_bytes_per_s": ...}; raises ValueError when there is nothing to
-    fit (as parallel_course.perf.fit_alpha_beta does, with the same messages).
+    fit (as parallel_course.bandwidth.fit_alpha_beta does, with the same messages).
     """
     if len(sizes) != len(times) or len(sizes) < 2:
         raise ValueError("need at least two (size, time) points, as many sizes as times")
@@ -180,113 +194,101 @@ def fit_alpha_beta(sizes, times, world_size):
     return {"alpha_s": a, "beta_bytes_per_s": k / b}
 
 
+def run_all(impls, sizes, device, args):
+    """Every implementation at every size, alternating the implementations size by size (the same
+    machine load for both): {impl: [rows]}, and whether every result was correct on every rank."""
+    results = {impl: [] for impl in impls}
+    checked = True
+    for nbytes in sizes:
+        for impl in impls:
+            correct, seconds = measure(IMPLS[impl], nbytes, device, args.warmup, args.iters)
+            checked &= correct
+            results[impl].append(bandwidths(nbytes, seconds, dist.get_world_size()))
+    ok = torch.tensor([1.0 if checked else 0.0], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return results, bool(ok.item())
+
+
+def fit_line(fit, why, world_size):
+    """The table's last line for one implementation: the fit, or why there is none."""
+    if fit:
+        return (
+            f"# alpha-beta fit: alpha = {1e6 * fit['alpha_s']:.1f} us, "
+            f"beta = {fit['beta_bytes_per_s'] / 1e9:.3f} GB/s (bus bandwidth)"
+        )
+    if world_size == 1:
+        return "# one process: nothing is exchanged (busbw = 0); run under torchrun with 2+ processes"
+    if "does not grow" in why:
+        return (
+            "# alpha-beta fit: the time does not grow with the size in this range "
+            "(latency-bound): raise --max-bytes to see the bandwidth"
+        )
+    return f"# alpha-beta fit: not possible here ({why})"
+
+
+def report_and_table(results, ok, device, args):
+    """The JSON report (with each implementation's fit) and the table nccl-tests would print."""
+    world_size, backend = dist.get_world_size(), dist.get_backend()
+    report = {
+        "world_size": world_size,
+        "backend": backend,
+        "device": device.type,
+        "threads_per_process": args.threads,
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "statistic": "median over iterations of the slowest rank's time",
+        "results_checked": ok,
+        "impls": {},
+    }
+    lines = [
+        (
+            f"# all_reduce: {world_size} ranks, backend={backend} device={device.type}, float32 sum, "
+            f"median of {args.iters} (after {args.warmup} warm-up)"
+        )
+    ]
+    for impl, rows in results.items():
+        fit, why = None, None
+        try:
+            fit = fit_alpha_beta([r["bytes"] for r in rows], [r["time_s"] for r in rows], world_size)
+        except ValueError as error:
+            why = str(error)
+        report["impls"][impl] = {"sizes": rows, "fit": fit, "no_fit": why}
+        lines.append(f"# impl={impl}")
+        lines.append(f"#{'size':>12} {'count':>10} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
+        for r in rows:
+            lines.append(
+                f" {r['bytes']:>12} {r['count']:>10} {1e6 * r['time_s']:>10.1f} "
+                f"{r['algbw_bytes_per_s'] / 1e9:>12.3f} {r['busbw_bytes_per_s'] / 1e9:>12.3f}"
+            )
+        lines.append(fit_line(fit, why, world_size))
+    lines.append(f"# results checked against the expected sum: {'OK' if ok else 'WRONG'}")
+    return report, lines
+
+
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
     device = setup()
-    backend = dist.get_backend()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
     impls = ["torch", "ring"] if args.impl == "both" else [args.impl]
-    sizes = []
-    size = args.min_bytes
-    while size <= args.max_bytes:
-        sizes.append(size - size % 4)  # float32 elements
-        size *= args.factor
-    bus_factor = 2 * (world_size - 1) / world_size
-
-    results = {impl: [] for impl in impls}
-    checked = True
-    for nbytes in sizes:
-        for impl in impls:  # alternate the implementations size by size: same machine load
-            fn = IMPLS[impl]
-            x = torch.full((nbytes // 4,), float(rank + 1), device=device)
-            fn(x)
-            checked &= bool((x == world_size * (world_size + 1) / 2).all())
-            x.zero_()  # zeros: repeated in-place sums stay finite
-            for _ in range(args.warmup):
-                fn(x)
-            mine = torch.tensor([time_one(fn, x, device) for _ in range(args.iters)], dtype=torch.float64)
-            slowest = mine.to(device)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # an all-reduce ends when the last rank is done
-            t = statistics.median(slowest.cpu().tolist())
-            algbw = nbytes / t
-            results[impl].append(
-                {
-                    "bytes": nbytes,
-                    "count": nbytes // 4,
-                    "time_s": t,
-                    "algbw_bytes_per_s": algbw,
-                    "busbw_bytes_per_s": algbw * bus_factor,
-                }
-            )
-    ok = torch.tensor([1.0 if checked else 0.0], device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-
-    if rank == 0:
-        report = {
-            "world_size": world_size,
-            "backend": backend,
-            "device": device.type,
-            "threads_per_process": args.threads,
-            "warmup": args.warmup,
-            "iters": args.iters,
-            "statistic": "median over iterations of the slowest rank's time",
-            "results_checked": bool(ok.item()),
-            "impls": {},
-        }
-        lines = [
-            (
-                f"# all_reduce: {world_size} ranks, backend={backend} device={device.type}, float32 sum, "
-                f"median of {args.iters} (after {args.warmup} warm-up)"
-            )
-        ]
-        for impl in impls:
-            fit, why = None, None
-            try:
-                fit = fit_alpha_beta(
-                    [r["bytes"] for r in results[impl]], [r["time_s"] for r in results[impl]], world_size
-                )
-            except ValueError as error:
-                why = str(error)
-            report["impls"][impl] = {"sizes": results[impl], "fit": fit, "no_fit": why}
-            lines.append(f"# impl={impl}")
-            lines.append(f"#{'size':>12} {'count':>10} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
-            for r in results[impl]:
-                lines.append(
-                    f" {r['bytes']:>12} {r['count']:>10} {1e6 * r['time_s']:>10.1f} "
-                    f"{r['algbw_bytes_per_s'] / 1e9:>12.3f} {r['busbw_bytes_per_s'] / 1e9:>12.3f}"
-                )
-            if fit:
-                lines.append(
-                    f"# alpha-beta fit: alpha = {1e6 * fit['alpha_s']:.1f} us, "
-                    f"beta = {fit['beta_bytes_per_s'] / 1e9:.3f} GB/s (bus bandwidth)"
-                )
-            elif world_size == 1:
-                lines.append("# one process: nothing is exchanged (busbw = 0); run under torchrun with 2+ processes")
-            elif "does not grow" in why:
-                lines.append(
-                    "# alpha-beta fit: the time does not grow with the size in this range "
-                    "(latency-bound): raise --max-bytes to see the bandwidth"
-                )
-            else:
-                lines.append(f"# alpha-beta fit: not possible here ({why})")
-        lines.append(f"# results checked against the expected sum: {'OK' if ok.item() else 'WRONG'}")
+    sizes = message_sizes(args.min_bytes, args.max_bytes, args.factor)
+    results, ok = run_all(impls, sizes, device, args)
+    if dist.get_rank() == 0:
+        report, lines = report_and_table(results, ok, device, args)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report, indent=1) + "\n")
             lines.append(f"# wrote {args.json}")
         if args.quiet:
             lines = [
-                f"all_reduce {', '.join(impls)}: {world_size} ranks, backend={backend} device={device.type}, "
-                f"{len(sizes)} sizes from {human(sizes[0])} to {human(sizes[-1])}, "
-                f"results checked: {'OK' if ok.item() else 'WRONG'}" + (f", wrote {args.json}" if args.json else "")
+                f"all_reduce {', '.join(impls)}: {dist.get_world_size()} ranks, backend={dist.get_backend()} "
+                f"device={device.type}, {len(sizes)} sizes from {human(sizes[0])} to {human(sizes[-1])}, "
+                f"results checked: {'OK' if ok else 'WRONG'}" + (f", wrote {args.json}" if args.json else "")
             ]
         sys.stdout.write("\n".join(lines) + "\n")
-    return 0 if ok.item() else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
-    sys.exit(exit_code)
+    code = main()
+    teardown()
+    sys.exit(code)

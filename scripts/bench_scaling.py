@@ -1,7 +1,9 @@
 """Data-parallel scaling benchmark: one model, one global batch, throughput at 1..N processes.
 
-    python bench_scaling.py --model compute --nproc-list 1,2 --json scaling.json   # the whole comparison
-    torchrun --standalone --nproc_per_node=2 bench_scaling.py --model small        # DDP at this size only
+    # the whole comparison
+    python bench_scaling.py --model compute --nproc-list 1,2 --json scaling.json
+    # DDP at this size only
+    torchrun --standalone --nproc_per_node=2 bench_scaling.py --model small
 
 Every measurement alternates, step by step, the configuration measured with the baseline: one
 process training on the whole global batch (in a DDP job, rank 0 runs it alone while the others
@@ -38,18 +40,15 @@ bucket's cap is 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) and the others' 25 MiB;
 """
 
 import argparse
-import gc
 import itertools
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -58,10 +57,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-MODELS = {  # name: (layer widths, default global batch, loss)
-    "small": ([32, 128, 128, 1], 64, "mse"),
-    "compute": ([256, 768, 768, 10], 2048, "cross_entropy"),
-}
+from dist_setup import setup, teardown
+
+# name: (layer widths, default global batch, loss)
+MODELS = {"small": ([32, 128, 128, 1], 64, "mse"), "compute": ([256, 768, 768, 10], 2048, "cross_entropy")}
 
 
 def parse_args(argv=None):
@@ -196,7 +195,8 @@ def bucket_sizes(param_bytes, cap_mb=None):
     its cap. Caps: with cap_mb unset, 1 MiB for the first bucket and 25 MiB for the others;
     with cap_mb given, cap_mb MiB for all (torch/nn/parallel/distributed.py)."""
     cap = 25 * 2**20 if cap_mb is None else int(cap_mb * 2**20)
-    limit = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20) if cap_mb is None else cap  # the first bucket's
+    # the first bucket's cap
+    limit = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20) if cap_mb is None else cap
     sizes, current = [], 0
     for nbytes in reversed(param_bytes):
         current += nbytes
@@ -212,98 +212,73 @@ def gradient_buckets(model, cap_mb, device):
     return [torch.zeros(s // 4, device=device) for s in sizes]
 
 
-def ddp_run(name, batch, args, device):
-    """DDP at the current world size N and DDP on one process, each alternated step by step with
-    the one-process baseline; rank 0 runs the one-process variants alone while the other ranks
-    wait at the next barrier. For N > 1 also t_compute (no_sync) and t_comm (the all-reduces
-    alone). Returns {"1": ..., "N": ...}."""
+def idle():
+    """What the other ranks run while rank 0 runs a one-process variant: nothing (they wait at the
+    next barrier)."""
+
+
+def one_process_variants(name, batch, args, device):
+    """Rank 0's one-process variants: the baseline, and DDP on one process (rank 0 in a group of its
+    own: DDP's own overhead, with nothing to exchange)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # new_group must be called by every rank, also those that are not in it
+    group = dist.new_group([0]) if world_size > 1 else None
+    if rank != 0:
+        return {"one_process_s": idle, "ddp_one_s": idle}
+    one_ddp = DDP(make_model(name, device), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
+    one_optimizer = torch.optim.SGD(one_ddp.parameters(), lr=0.01)
+    x1, y1 = make_batch(name, batch, device, seed=0)
+    return {
+        "one_process_s": baseline(name, batch, device),
+        "ddp_one_s": lambda: train_step(one_ddp, one_optimizer, x1, y1, MODELS[name][2]),
+    }
+
+
+def ddp_variants(model, name, batch, args, device):
+    """DDP on every rank, each on global/N samples: its step, the same step under no_sync()
+    (the computation alone) and the all-reduces alone, in buckets sized as DDP's."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     loss_name = MODELS[name][2]
-
-    def idle():  # the ranks that wait while rank 0 runs a one-process variant
-        pass
-
-    # DDP on one process: rank 0 in a group of its own (new_group must be called by every rank)
-    group = dist.new_group([0]) if world_size > 1 else None
-    one_model = make_model(name, device)
-    if rank == 0:
-        one_ddp = DDP(one_model, process_group=group, bucket_cap_mb=args.bucket_cap_mb)
-        one_optimizer = torch.optim.SGD(one_ddp.parameters(), lr=0.01)
-        x1, y1 = make_batch(name, batch, device, seed=0)
-    variants = {
-        "one_process_s": baseline(name, batch, device) if rank == 0 else idle,
-        "ddp_one_s": (lambda: train_step(one_ddp, one_optimizer, x1, y1, loss_name)) if rank == 0 else idle,
-    }
-
-    model = make_model(name, device)
     buckets = gradient_buckets(model, args.bucket_cap_mb, device)
-    if world_size > 1:
-        ddp_model = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
-        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-        x, y = make_batch(name, batch // world_size, device, seed=1 + rank)
+    ddp_model = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+    x, y = make_batch(name, batch // world_size, device, seed=1 + rank)
 
-        def compute_only():
-            with ddp_model.no_sync():
-                train_step(ddp_model, optimizer, x, y, loss_name)
+    def compute_only():
+        with ddp_model.no_sync():
+            train_step(ddp_model, optimizer, x, y, loss_name)
 
-        def comm_only():
-            for work in [dist.all_reduce(b, async_op=True) for b in buckets]:
-                work.wait()
+    def comm_only():
+        for work in [dist.all_reduce(b, async_op=True) for b in buckets]:
+            work.wait()
 
-        variants.update(
-            step_s=lambda: train_step(ddp_model, optimizer, x, y, loss_name), compute_s=compute_only, comm_s=comm_only
-        )
-    t = alternate(variants, args.warmup, args.steps, device)
-    layout = {"buckets": len(buckets), "bucket_bytes": [b.numel() * 4 for b in buckets]}
-    results = {
-        "1": with_speedup(
-            {"step_s": t["ddp_one_s"], "one_process_s": t["one_process_s"], "overlap": None, **layout}, batch, 1
-        )
+    return {
+        "step_s": lambda: train_step(ddp_model, optimizer, x, y, loss_name),
+        "compute_s": compute_only,
+        "comm_s": comm_only,
     }
+
+
+def ddp_run(name, batch, args, device):
+    """DDP at the current world size N and DDP on one process, each alternated step by step with
+    the one-process baseline. For N > 1 also t_compute (no_sync), t_comm (the all-reduces alone)
+    and their overlap. Returns {"1": ..., "N": ...}."""
+    world_size = dist.get_world_size()
+    variants = one_process_variants(name, batch, args, device)
+    model = make_model(name, device)
+    sizes = bucket_sizes([p.numel() * p.element_size() for p in model.parameters()], args.bucket_cap_mb)
+    layout = {"buckets": len(sizes), "bucket_bytes": sizes}
+    if world_size > 1:
+        variants.update(ddp_variants(model, name, batch, args, device))
+    t = alternate(variants, args.warmup, args.steps, device)
+    one = {"step_s": t["ddp_one_s"], "one_process_s": t["one_process_s"], "overlap": None, **layout}
+    results = {"1": with_speedup(one, batch, 1)}
     if world_size > 1:
         overlap = (t["compute_s"] + t["comm_s"] - t["step_s"]) / t["comm_s"]
-        results[str(world_size)] = with_speedup(
-            {
-                "step_s": t["step_s"],
-                "one_process_s": t["one_process_s"],
-                "compute_s": t["compute_s"],
-                "comm_s": t["comm_s"],
-                "overlap": overlap,
-                **layout,
-            },
-            batch,
-            world_size,
-        )
+        split = {"compute_s": t["compute_s"], "comm_s": t["comm_s"], "overlap": overlap}
+        many = {"step_s": t["step_s"], "one_process_s": t["one_process_s"], **split, **layout}
+        results[str(world_size)] = with_speedup(many, batch, world_size)
     return results
-
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", free_port()),
-    ]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    return device
 
 
 def launch(n, args, out):
@@ -381,27 +356,11 @@ def table(report):
     return lines
 
 
-def main():
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    launched = "RANK" in os.environ  # under torchrun: DDP at this world size only
-    device = setup()
-    backend = dist.get_backend()
-    rank = dist.get_rank()
+def measure_here(args, device, launched, children):
+    """The models measured in this job: their sizes, DDP at this world size (unless torchrun jobs
+    to come measure it), and DataParallel (plain python with 2+ GPUs) or why not."""
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-    children = [n for n in args.nprocs if n > 1] if not launched else []
-    report = {
-        "backend": backend,
-        "device": device.type,
-        "gpus": gpus,
-        "cpu_cores": os.cpu_count(),
-        "threads_per_process": args.threads if device.type == "cpu" else None,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "statistic": "median over steps of the slowest rank's time; every configuration alternated "
-        "step by step with one process on the whole batch",
-        "models": {},
-    }
+    models = {}
     for name in args.models:
         batch = args.global_batch_size or MODELS[name][1]
         model = make_model(name, device)
@@ -411,7 +370,8 @@ def main():
             "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "ddp": {},
         }
-        if launched or (1 in args.nprocs and not children):  # with torchrun jobs to come, they measure N = 1
+        # with torchrun jobs to come, they measure N = 1
+        if launched or (1 in args.nprocs and not children):
             m["ddp"] = ddp_run(name, batch, args, device)
         if not launched and gpus >= 2:
             m["data_parallel"] = data_parallel_run(name, batch, args, device)
@@ -420,23 +380,65 @@ def main():
                 "skipped": "DataParallel needs 2+ GPUs; without them it runs the "
                 "module once on the whole batch (device_ids is empty), nothing in parallel"
             }
-        report["models"][name] = m
-    gc.collect()  # the DDP objects are gone: the group is released here, not at exit,
-    dist.destroy_process_group()  # where gloo's threads torn down during shutdown can abort the process
+        models[name] = m
+    return models
 
+
+def measure_in_jobs(report, args, children):
+    """DDP with each process count of --nproc-list, one torchrun job each, merged into report."""
     with tempfile.TemporaryDirectory() as tmp:
         for n in children:
-            if device.type == "cuda" and n > gpus:
-                sys.stdout.write(f"# DDP with {n} processes skipped: only {gpus} GPU(s)\n")
+            if report["device"] == "cuda" and n > report["gpus"]:
+                sys.stdout.write(f"# DDP with {n} processes skipped: only {report['gpus']} GPU(s)\n")
                 continue
             child = launch(n, args, Path(tmp) / f"n{n}.json")
             for name in args.models:
                 ddp = report["models"][name]["ddp"]
                 ddp[str(n)] = child["models"][name]["ddp"][str(n)]
                 if 1 in args.nprocs:
-                    ddp.setdefault("1", child["models"][name]["ddp"]["1"])  # from the first job
+                    # DDP on one process: from the first job
+                    ddp.setdefault("1", child["models"][name]["ddp"]["1"])
                 report["models"][name]["ddp"] = dict(sorted(ddp.items(), key=lambda kv: int(kv[0])))
 
+
+def summary(report, args, launched):
+    """The one line --quiet prints."""
+    ns = sorted({int(n) for m in report["models"].values() for n in m["ddp"]})
+    parts = [f"bench_scaling {', '.join(args.models)}: backend={report['backend']} device={report['device']}"]
+    if report["device"] == "cpu":
+        parts.append(f"{args.threads} thread(s) per process")
+    parts.append(f"measured DDP on {' and '.join(map(str, ns))} process(es), each against one process")
+    if not launched and report["gpus"] < 2:
+        parts.append("DataParallel skipped (needs 2+ GPUs)")
+    if args.json:
+        parts.append(f"wrote {args.json}")
+    return "; ".join(parts)
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    # under torchrun: DDP at this world size only
+    launched = "RANK" in os.environ
+    device = setup()
+    rank = dist.get_rank()
+    children = [n for n in args.nprocs if n > 1] if not launched else []
+    report = {
+        "backend": dist.get_backend(),
+        "device": device.type,
+        "gpus": torch.cuda.device_count() if device.type == "cuda" else 0,
+        "cpu_cores": os.cpu_count(),
+        "threads_per_process": args.threads if device.type == "cpu" else None,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "statistic": "median over steps of the slowest rank's time; every configuration alternated "
+        "step by step with one process on the whole batch",
+    }
+    report["models"] = measure_here(args, device, launched, children)
+    # Leave the group before the torchrun jobs start, each with groups of its own; teardown() frees
+    # what the measurements built on it first (a second call, in the __main__ block, does nothing).
+    teardown()
+    measure_in_jobs(report, args, children)
     if rank == 0:
         lines = []
         if device.type == "cpu":
@@ -450,18 +452,12 @@ def main():
             args.json.write_text(json.dumps(report, indent=1) + "\n")
             lines.append(f"# wrote {args.json}")
         if args.quiet:
-            ns = sorted({int(n) for m in report["models"].values() for n in m["ddp"]})
-            parts = [f"bench_scaling {', '.join(args.models)}: backend={backend} device={device.type}"]
-            if device.type == "cpu":
-                parts.append(f"{args.threads} thread(s) per process")
-            parts.append(f"measured DDP on {' and '.join(map(str, ns))} process(es), each against one process")
-            if not launched and gpus < 2:
-                parts.append("DataParallel skipped (needs 2+ GPUs)")
-            if args.json:
-                parts.append(f"wrote {args.json}")
-            lines = ["; ".join(parts)]
+            lines = [summary(report, args, launched)]
         sys.stdout.write("\n".join(lines) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    code = main()
+    teardown()
+    sys.exit(code)

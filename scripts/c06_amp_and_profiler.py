@@ -11,12 +11,9 @@
 
 import argparse
 import contextlib
-import gc
 import json
 import os
-import socket
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -26,34 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", free_port()),
-    ]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    return device
+from dist_setup import setup, teardown
 
 
 def mlp(width, depth, classes, seed, device):
@@ -90,19 +60,25 @@ def amp_training(device, steps):
     model = mlp(64, 2, 4, seed=0, device=device)
     ddp_model = DDP(model)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.5)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # float16 needs it
+    # float16 needs a GradScaler, bfloat16 does not
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64 * world_size, 64, generator=g)
-    y = x[:, :4].argmax(dim=1)  # a learnable rule
+    # a learnable rule
+    y = x[:, :4].argmax(dim=1)
     x, y = x[rank::world_size].to(device), y[rank::world_size].to(device)
     losses = []
     for _ in range(steps):
+        # forward and loss in low precision where it is safe; backward outside autocast
         with torch.autocast(device.type, dtype=amp_dtype):
-            loss = F.cross_entropy(ddp_model(x), y)  # forward in low precision where it is safe
-        scaler.scale(loss).backward()  # DDP all-reduces the (scaled) gradients in here
-        scaler.unscale_(optimizer)  # M17: unscale first...
-        torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), max_norm=1.0)  # ...then clip
-        scaler.step(optimizer)  # skips the step if a gradient is inf/NaN (same on every rank)
+            loss = F.cross_entropy(ddp_model(x), y)
+        # DDP all-reduces the (scaled) gradients in here
+        scaler.scale(loss).backward()
+        # M17: unscale first, then clip
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), max_norm=1.0)
+        # skips the step if a gradient is inf/NaN (the same on every rank)
+        scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         mean = loss.detach().float().clone()
@@ -149,9 +125,15 @@ def profiled_steps(device, out, bucket_cap_mb):
         prof.stop()
     out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(out / "c06_trace_rank0.json"))
+    return busiest_operators(prof, out)
+
+
+def busiest_operators(prof, out):
+    """Write the 15 busiest operators to out/c06_profile_ops.json; return the all-reduce launches per step."""
     ops = []
     for e in prof.key_averages():
-        if e.key in ("train_step", "backward"):  # our own labels, not operators
+        # our own labels, not operators
+        if e.key in ("train_step", "backward"):
             continue
         ops.append(
             {
@@ -167,7 +149,7 @@ def profiled_steps(device, out, bucket_cap_mb):
     return launches // 2
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("work"), help="folder for the trace (default: work)")
     parser.add_argument("--steps", type=int, default=20, help="DDP + AMP training steps (default 20)")
@@ -177,38 +159,35 @@ def main():
         parser.error("--steps must be at least 2 and --bucket-cap-mb positive")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} exists and is not a folder")
+    return args
+
+
+def main():
+    args = parse_args()
     if not torch.cuda.is_available():
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = setup()
-    backend = dist.get_backend()
-    world_size = dist.get_world_size()
-
     amp_dtype, scaled, losses, identical = amp_training(device, args.steps)
     per_step = profiled_steps(device, args.out, args.bucket_cap_mb)
     if dist.get_rank() == 0:
-        sys.stdout.write(
-            "\n".join(
-                [
-                    (
-                        f"DDP + AMP: {world_size} ranks, backend={backend} device={device.type}, autocast dtype="
-                        f"{str(amp_dtype).replace('torch.', '')}, GradScaler {'on' if scaled else 'off (not needed)'}"
-                    ),
-                    (
-                        f"  loss fell over {args.steps} steps: {'yes' if losses[-1] < 0.8 * losses[0] else 'no'}; "
-                        f"replicas identical: {'yes' if identical else 'NO'}"
-                    ),
-                    (
-                        f"profile: 2 DDP steps on rank 0 (float32, bucket_cap_mb={args.bucket_cap_mb:g}): "
-                        f"{per_step} all-reduce launches per step"
-                    ),
-                    f"  wrote {args.out / 'c06_trace_rank0.json'} and {args.out / 'c06_profile_ops.json'}",
-                ]
-            )
-            + "\n"
+        dtype = str(amp_dtype).replace("torch.", "")
+        print(
+            f"DDP + AMP: {dist.get_world_size()} ranks, backend={dist.get_backend()} device={device.type}, "
+            f"autocast dtype={dtype}, GradScaler {'on' if scaled else 'off (not needed)'}"
         )
+        print(
+            f"  loss fell over {args.steps} steps: {'yes' if losses[-1] < 0.8 * losses[0] else 'no'}; "
+            f"replicas identical: {'yes' if identical else 'NO'}"
+        )
+        print(
+            f"profile: 2 DDP steps on rank 0 (float32, bucket_cap_mb={args.bucket_cap_mb:g}): "
+            f"{per_step} all-reduce launches per step"
+        )
+        print(f"  wrote {args.out / 'c06_trace_rank0.json'} and {args.out / 'c06_profile_ops.json'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)

@@ -1,4 +1,5 @@
-"""parallel_course.perf: bandwidths, the α–β fit, scaling figures, overlap, trace reading, plots."""
+"""Chapter 06's helpers: bandwidths and the α–β fit (bandwidth), scaling figures and overlap (scaling),
+trace reading (profiler_traces), threads and saved-for-backward bytes (resource_use), plots (bench_plots)."""
 
 import math
 import os
@@ -6,36 +7,36 @@ import os
 import matplotlib
 import pytest
 
-from parallel_course import perf
+from parallel_course import bandwidth, bench_plots, profiler_traces, resource_use, scaling
 
 matplotlib.use("Agg")
 
 
 def test_bus_factor_and_bandwidths():
-    assert perf.bus_factor(1) == 0
-    assert perf.bus_factor(2) == 1
-    assert perf.bus_factor(4) == 1.5
-    assert perf.algbw(2e9, 2.0) == 1e9
-    assert perf.busbw(2e9, 2.0, 4) == 1.5e9  # nccl-tests: busbw = algbw * 2(N-1)/N
-    assert perf.busbw(2e9, 2.0, 1) == 0
+    assert bandwidth.bus_factor(1) == 0
+    assert bandwidth.bus_factor(2) == 1
+    assert bandwidth.bus_factor(4) == 1.5
+    assert bandwidth.algbw(2e9, 2.0) == 1e9
+    assert bandwidth.busbw(2e9, 2.0, 4) == 1.5e9  # nccl-tests: busbw = algbw * 2(N-1)/N
+    assert bandwidth.busbw(2e9, 2.0, 1) == 0
     with pytest.raises(ValueError):
-        perf.algbw(1, 0)
+        bandwidth.algbw(1, 0)
     with pytest.raises(ValueError):
-        perf.bus_factor(0)
+        bandwidth.bus_factor(0)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 8])
 def test_alpha_beta_fit_recovers_the_model(world_size):
     alpha, beta = 50e-6, 2e9
     sizes = [2**k for k in range(10, 27, 2)]
-    times = [alpha + perf.bus_factor(world_size) * s / beta for s in sizes]
-    fit = perf.fit_alpha_beta(sizes, times, world_size)
+    times = [alpha + bandwidth.bus_factor(world_size) * s / beta for s in sizes]
+    fit = bandwidth.fit_alpha_beta(sizes, times, world_size)
     assert fit.alpha_s == pytest.approx(alpha, rel=1e-9)
     assert fit.beta_bytes_per_s == pytest.approx(beta, rel=1e-9)
-    assert fit.predict_s(2**20) == pytest.approx(alpha + perf.bus_factor(world_size) * 2**20 / beta)
+    assert fit.predict_s(2**20) == pytest.approx(alpha + bandwidth.bus_factor(world_size) * 2**20 / beta)
     # at S½ latency and bandwidth cost the same
     half = fit.half_bandwidth_bytes()
-    assert perf.bus_factor(world_size) * half / beta == pytest.approx(alpha)
+    assert bandwidth.bus_factor(world_size) * half / beta == pytest.approx(alpha)
 
 
 def test_alpha_beta_fit_weighs_relative_error():
@@ -44,7 +45,7 @@ def test_alpha_beta_fit_weighs_relative_error():
     sizes = [2**k for k in range(10, 25)]
     times = [alpha + s / beta for s in sizes]
     times[-1] *= 1.10
-    fit = perf.fit_alpha_beta(sizes, times, 2)
+    fit = bandwidth.fit_alpha_beta(sizes, times, 2)
     assert fit.alpha_s == pytest.approx(alpha, rel=0.05)
 
 
@@ -61,39 +62,39 @@ def test_alpha_beta_fit_weighs_relative_error():
 )
 def test_alpha_beta_fit_refuses_what_it_cannot_fit(sizes, times, n, message):
     with pytest.raises(ValueError, match=message):
-        perf.fit_alpha_beta(sizes, times, n)
+        bandwidth.fit_alpha_beta(sizes, times, n)
 
 
 def test_median_of_slowest_takes_the_max_per_iteration_then_the_median():
     rank0 = [1.0, 5.0, 2.0]
     rank1 = [3.0, 1.0, 2.5]
-    assert perf.median_of_slowest([rank0, rank1]) == 3.0  # max per step: 3, 5, 2.5
+    assert bandwidth.median_of_slowest([rank0, rank1]) == 3.0  # max per step: 3, 5, 2.5
     with pytest.raises(ValueError):
-        perf.median_of_slowest([[1.0], [1.0, 2.0]])
+        bandwidth.median_of_slowest([[1.0], [1.0, 2.0]])
     with pytest.raises(ValueError):
-        perf.median_of_slowest([])
+        bandwidth.median_of_slowest([])
 
 
 def test_speedup_efficiency_overlap():
-    assert perf.speedup(180.0, 100.0) == 1.8
-    assert perf.efficiency(180.0, 100.0, 2) == 0.9
-    assert perf.overlap_fraction(t_compute=10, t_comm=4, t_step=10) == 1.0  # fully hidden
-    assert perf.overlap_fraction(t_compute=10, t_comm=4, t_step=14) == 0.0  # simply added
-    assert perf.overlap_fraction(t_compute=10, t_comm=4, t_step=12) == 0.5
-    assert perf.overlap_fraction(t_compute=10, t_comm=4, t_step=16) == -0.5  # slower together
+    assert scaling.speedup(180.0, 100.0) == 1.8
+    assert scaling.efficiency(180.0, 100.0, 2) == 0.9
+    assert scaling.overlap_fraction(t_compute=10, t_comm=4, t_step=10) == 1.0  # fully hidden
+    assert scaling.overlap_fraction(t_compute=10, t_comm=4, t_step=14) == 0.0  # simply added
+    assert scaling.overlap_fraction(t_compute=10, t_comm=4, t_step=12) == 0.5
+    assert scaling.overlap_fraction(t_compute=10, t_comm=4, t_step=16) == -0.5  # slower together
     with pytest.raises(ValueError):
-        perf.overlap_fraction(1, 0, 1)
+        scaling.overlap_fraction(1, 0, 1)
     with pytest.raises(ValueError):
-        perf.efficiency(1, 1, 0)
+        scaling.efficiency(1, 1, 0)
     with pytest.raises(ValueError):
-        perf.speedup(1, 0)
+        scaling.speedup(1, 0)
 
 
 def test_interval_helpers():
-    assert perf.union_length([(0, 2), (1, 3), (5, 6)]) == 4
-    assert perf.union_length([(0, 10), (2, 3)]) == 10
-    assert perf.union_length([]) == 0
-    assert perf.clip([(0, 2), (3, 8), (9, 12)], 1, 10) == [(1, 2), (3, 8), (9, 10)]
+    assert profiler_traces.union_length([(0, 2), (1, 3), (5, 6)]) == 4
+    assert profiler_traces.union_length([(0, 10), (2, 3)]) == 10
+    assert profiler_traces.union_length([]) == 0
+    assert profiler_traces.clip([(0, 2), (3, 8), (9, 12)], 1, 10) == [(1, 2), (3, 8), (9, 10)]
 
 
 def x(name, ts, dur, tid=1, cat="cpu_op", **args):
@@ -114,7 +115,7 @@ def test_trace_steps_on_a_cpu_trace():
             x("gloo:all_reduce", base + 41, 15, tid=2),  # 41-56: after it
         ]
     events.append({"ph": "M", "name": "thread_name"})
-    steps = perf.trace_steps({"traceEvents": events})
+    steps = profiler_traces.trace_steps({"traceEvents": events})
     assert len(steps) == 2
     for k, s in enumerate(steps):
         assert s["allreduces"] == 2
@@ -131,7 +132,7 @@ def test_trace_steps_when_communication_starts_after_backward():
         x("autograd::engine::evaluate_function: AddmmBackward0", 10, 20),
         x("gloo:all_reduce", 35, 10, tid=2),
     ]
-    (s,) = perf.trace_steps({"traceEvents": events})
+    (s,) = profiler_traces.trace_steps({"traceEvents": events})
     assert s["hidden_us"] == 0 and s["starts_before_backward_ends"] is False
 
 
@@ -149,7 +150,7 @@ def test_trace_steps_on_a_gpu_trace_uses_the_kernels():
         x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 120, 30, tid=8, cat="kernel", correlation=4),
         x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 155, 10, tid=8, cat="kernel", correlation=5),
     ]
-    (s,) = perf.trace_steps({"traceEvents": events})
+    (s,) = profiler_traces.trace_steps({"traceEvents": events})
     assert s["backward"] == (100, 160)
     assert s["allreduces"] == 2
     assert s["comm_us"] == 40 and s["hidden_us"] == 35
@@ -186,7 +187,7 @@ def scaling_report():
             "overlap": None,
         }
         if n > 1:
-            r.update(compute_s=compute, comm_s=comm, overlap=perf.overlap_fraction(compute, comm, step))
+            r.update(compute_s=compute, comm_s=comm, overlap=scaling.overlap_fraction(compute, comm, step))
         return r
 
     return {
@@ -212,40 +213,40 @@ def scaling_report():
 def test_plots_draw_without_error():
     import matplotlib.pyplot as plt
 
-    ax = perf.plot_bandwidth(ALLREDUCE_REPORT)
+    ax = bench_plots.plot_bandwidth(ALLREDUCE_REPORT)
     assert len(ax.lines) == 4  # measured + fit, for each implementation
-    fig = perf.plot_scaling(scaling_report())
+    fig = bench_plots.plot_scaling(scaling_report())
     assert len(fig.axes) == 3
     plt.close("all")
 
 
 def test_scaling_rows_in_process_order():
-    rows = perf.scaling_rows(scaling_report(), "compute")
+    rows = scaling.scaling_rows(scaling_report(), "compute")
     assert [(label, n) for label, n, _ in rows] == [("DDP", 1), ("DDP", 2)]
     two = rows[1][2]
-    assert math.isclose(two["efficiency"], perf.efficiency(64 / 0.044, 64 / 0.08, 2))
+    assert math.isclose(two["efficiency"], scaling.efficiency(64 / 0.044, 64 / 0.08, 2))
 
 
 def test_threads_that_computed_sees_torch_threads():
     import torch
 
-    if perf.threads_that_computed(lambda: None) is None:
+    if resource_use.threads_that_computed(lambda: None) is None:
         pytest.skip("no /proc/self/task on this system")
     a = torch.randn(512, 512)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert perf.threads_that_computed(lambda: [a @ a for _ in range(20)]) == 1
+        assert resource_use.threads_that_computed(lambda: [a @ a for _ in range(20)]) == 1
         if (os.cpu_count() or 1) >= 2:
             torch.set_num_threads(2)
-            assert perf.threads_that_computed(lambda: [a @ a for _ in range(20)]) == 2
+            assert resource_use.threads_that_computed(lambda: [a @ a for _ in range(20)]) == 2
     finally:
         torch.set_num_threads(before)
 
 
 def test_threads_that_computed_without_proc(monkeypatch):
-    monkeypatch.setattr(perf.os.path, "isdir", lambda path: False)
-    assert perf.threads_that_computed(lambda: None) is None
+    monkeypatch.setattr(resource_use.os.path, "isdir", lambda path: False)
+    assert resource_use.threads_that_computed(lambda: None) is None
 
 
 def tiny_model_and_batch():
@@ -262,7 +263,7 @@ def test_saved_for_backward_in_float32():
     import torch.nn.functional as F
 
     model, x, y = tiny_model_and_batch()
-    saved = perf.saved_for_backward(lambda: F.cross_entropy(model(x), y), model.parameters(), (x, y))
+    saved = resource_use.saved_for_backward(lambda: F.cross_entropy(model(x), y), model.parameters(), (x, y))
     assert saved["parameters and inputs"] == 4 * 32 * 4 + 8 * 16 * 4 + 8 * 8  # W2, x, y (int64)
     assert saved["copies of parameters"] == 0
     assert saved["activations"] >= 8 * 32 * 4  # at least the ReLU's output
@@ -279,8 +280,8 @@ def test_saved_for_backward_under_autocast_counts_the_16_bit_weights():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
             return F.cross_entropy(model(x), y)
 
-    fp32 = perf.saved_for_backward(lambda: loss(False), model.parameters(), (x, y))
-    amp = perf.saved_for_backward(lambda: loss(True), model.parameters(), (x, y))
+    fp32 = resource_use.saved_for_backward(lambda: loss(False), model.parameters(), (x, y))
+    amp = resource_use.saved_for_backward(lambda: loss(True), model.parameters(), (x, y))
     assert amp["copies of parameters"] == 4 * 32 * 2  # W2 in bfloat16
     assert amp["parameters and inputs"] == 8 * 8  # only y: x is saved as a 16-bit copy
     assert amp["activations"] < fp32["activations"]
