@@ -15,7 +15,6 @@ stale-store: attempt 0 joins a process group and crashes; attempt 1 finds attemp
 
 import argparse
 import faulthandler
-import gc
 import os
 import re
 import sys
@@ -25,70 +24,77 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-TIMEOUT = timedelta(seconds=5)  # a hang becomes an error quickly
+from dist_setup import setup, teardown
+
+# Seconds: a hang becomes an error quickly.
+TIMEOUT_S = 5
 
 
-def load_batch(seconds):  # stands for a read from a dead file system, a deadlock, ...
+def load_batch(seconds):
+    """Stands for a read from a dead file system, a deadlock, ..."""
     time.sleep(seconds)
 
 
-def pick_backend():
-    """nccl with one GPU per process if there are enough GPUs, else gloo on the CPU."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
-        torch.cuda.set_device(local_rank)
-        return "nccl", torch.device("cuda", local_rank)
-    return "gloo", torch.device("cpu")
-
-
-def mismatch(rank, device):
-    x = torch.ones(4 if rank == 0 else 5, device=device)  # the bug: shapes differ between ranks
-    try:
-        dist.all_reduce(x)
-        values = x.tolist()  # waits for the result (nccl runs collectives asynchronously)
-        report = f"all_reduce returned without an error: rank 0 holds {values}"
-    except RuntimeError as e:
-        report = re.sub(r", TensorDeviceTypes=TensorOptions\(.*?\)\)", "", str(e))  # shorter
-        report = re.sub(r"(?<=\.)(Collectives differ)", r"\n\1", report).replace("   ", " ")
-    if rank == 0:
-        sys.stdout.write(f"rank 0: {report}\n")
-
-
-def stuck(rank, backend, out_dir):
-    # monitored_barrier exists for gloo only (a ValueError on nccl): beside nccl, a gloo group
-    group = None if backend == "gloo" else dist.new_group(backend="gloo", timeout=TIMEOUT)
+def stuck(out_dir):
+    rank = dist.get_rank()
+    # monitored_barrier exists for gloo only (a ValueError on nccl): beside nccl, a gloo group.
+    gloo = dist.get_backend() == "gloo"
+    group = None if gloo else dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
     try:
         if rank == 1:
             with open(os.path.join(out_dir, "c09_stack_rank1.txt"), "w") as f:
-                faulthandler.dump_traceback_later(1.0, file=f)  # where is this rank after 1 s?
+                # Where is this rank after 1 s? Its Python stack, written to f.
+                faulthandler.dump_traceback_later(1.0, file=f)
                 load_batch(4)
                 faulthandler.cancel_dump_traceback_later()
-        dist.monitored_barrier(group, timeout=timedelta(seconds=1.5))  # rank 0 waits for each rank in turn
+        # Rank 0 waits for each rank in turn, and names the first that does not arrive.
+        dist.monitored_barrier(group, timeout=timedelta(seconds=1.5))
         report = "every rank arrived"
-    except RuntimeError as e:  # on rank 1 too, once rank 0 has given up and left
+    except RuntimeError as e:
+        # On rank 1 too, once rank 0 has given up and left.
         report = str(e).splitlines()[0]
     if rank == 0:
         sys.stdout.write(f"rank 0: {report}\n")
 
 
-def stale_store(rank, backend, device):
-    """Attempt 0 joins the plain way and crashes; attempt 1 looks into torchrun's store first."""
+def mismatch(device):
+    rank = dist.get_rank()
+    # The bug: the shapes differ between ranks.
+    x = torch.ones(4 if rank == 0 else 5, device=device)
+    try:
+        dist.all_reduce(x)
+        # Waits for the result (nccl runs collectives asynchronously).
+        values = x.tolist()
+        report = f"all_reduce returned without an error: rank 0 holds {values}"
+    except RuntimeError as e:
+        # Shorter: without the tensor options, one aspect per line.
+        report = re.sub(r", TensorDeviceTypes=TensorOptions\(.*?\)\)", "", str(e))
+        report = re.sub(r"(?<=\.)(Collectives differ)", r"\n\1", report).replace("   ", " ")
+    if rank == 0:
+        sys.stdout.write(f"rank 0: {report}\n")
+
+
+def stale_store():
+    """Attempt 0 joins a group (dist_setup's way) and crashes; attempt 1 looks into torchrun's
+    store before it joins anything."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         sys.exit("c09_failures.py: error: stale-store needs torchrun (--standalone or c10d) with --max-restarts=1")
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=TIMEOUT
-    )  # the store torchrun's agent hosts
     if attempt == 0:
-        # its keys go straight into that store
-        dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
-        dist.barrier()  # every rank has joined
-        if rank == 1:
+        setup(timeout_s=TIMEOUT_S)
+        # Every rank has joined: its keys are in the store.
+        dist.barrier()
+        if dist.get_rank() == 1:
             raise RuntimeError("attempt 0: rank 1 crashes")
-        dist.barrier()  # rank 0 waits here until torchrun stops it
-    elif rank == 0:
-        left = sorted(k for k in store.list_keys() if k.startswith("default_pg/"))
+        # Rank 0 waits here until torchrun stops it.
+        dist.barrier()
+    elif os.environ["RANK"] == "0":
+        # The store torchrun's agent hosts, and keeps across restarts.
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=5)
+        )
+        # dist_setup.setup() wrote attempt 0's keys under the prefix attempt_0/.
+        left = sorted(key for key in store.list_keys() if key.startswith(f"attempt_{attempt - 1}/"))
         sys.stdout.write(f"attempt {attempt}, before joining any group, finds in torchrun's store: {left}\n")
 
 
@@ -99,20 +105,19 @@ def main():
     args = parser.parse_args()
     if "RANK" not in os.environ:
         parser.error("start me with torchrun (see the examples in --help)")
-    backend, device = pick_backend()
-    rank = int(os.environ["RANK"])
     if args.mode == "stale-store":
-        stale_store(rank, backend, device)
-        return
-    dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if backend == "nccl" else None)
+        stale_store()
+        return 0
+    device = setup(timeout_s=TIMEOUT_S)
     if args.mode == "mismatch":
-        mismatch(rank, device)
+        mismatch(device)
     else:
-        stuck(rank, backend, args.out_dir)
+        stuck(args.out_dir)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
-    if dist.is_initialized():  # stale-store's second attempt never joins a group
-        gc.collect()  # main() has returned: free what it built on the group,
-        dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    # stale-store's second attempt never joins a group: teardown() then does nothing.
+    teardown()
+    sys.exit(code)

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 
-class SimpleModel(nn.Module):  # one linear layer: 10 inputs, 1 output
+class SimpleModel(nn.Module):
+    """One linear layer: 10 inputs, 1 output."""
+
     def __init__(self, input_dim=10, output_dim=1):
         super().__init__()
         self.linear = nn.Linear(input_dim, output_dim)
@@ -43,37 +45,50 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-    # "Download" the data set once, then read it from disk (a real job fetches files here).
+def make_loader(args):
+    """Write the data set once (a real job downloads it here), then read it back from disk."""
     args.out.mkdir(parents=True, exist_ok=True)
     data_file = args.out / "data.pt"
     torch.save(make_data(args.samples, args.seed), data_file)
     data = torch.load(data_file, weights_only=True)
     dataset = TensorDataset(data["X"], data["y"])
-    loader = DataLoader(
-        dataset, batch_size=args.batch_size, shuffle=True, generator=torch.Generator().manual_seed(args.seed)
-    )
+    shuffle = torch.Generator().manual_seed(args.seed)
+    return DataLoader(dataset, batch_size=args.batch_size, shuffle=True, generator=shuffle)
 
-    torch.manual_seed(args.seed)  # the same initial weights on every run
+
+def make_model(args, device):
+    # The same initial weights on every run.
+    torch.manual_seed(args.seed)
     model = SimpleModel().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    return model, optimizer
 
+
+def train_epoch(model, loader, optimizer, device):
+    """One pass over the loader; returns the mean loss of its batches, as a tensor."""
+    # A tensor, not a float: no .item(), so no wait for the GPU at every step.
+    running_loss = torch.zeros((), device=device)
+    for X, y in loader:
+        X, y = X.to(device), y.to(device)
+        optimizer.zero_grad()
+        # MSE on a real target: there is something to learn.
+        loss = F.mse_loss(model(X), y)
+        loss.backward()
+        optimizer.step()
+        running_loss += loss.detach()
+    # Divided by the number of batches, not by the index of the last one (M10).
+    return running_loss / len(loader)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = make_loader(args)
+    model, optimizer = make_model(args, device)
     losses = []
     for epoch in range(args.epochs):
-        running_loss = 0.0
-        for X, y in loader:
-            X, y = X.to(device), y.to(device)
-            optimizer.zero_grad()
-            loss = F.mse_loss(model(X), y)  # MSE on a real target: there is something to learn
-            loss.backward()
-            optimizer.step()
-            running_loss += loss.item()
-        losses.append(running_loss / len(loader))  # the number of batches, not the last index i
+        losses.append(train_epoch(model, loader, optimizer, device).item())
         sys.stdout.write(f"epoch {epoch + 1}/{args.epochs}: loss {losses[-1]:.4f}\n")
-
     torch.save(model.state_dict(), args.out / "final.pt")
     (args.out / "metrics.json").write_text(json.dumps({"loss": losses}, indent=1))
     sys.stdout.write(f"wrote {args.out / 'final.pt'} and metrics.json\n")

@@ -1,4 +1,4 @@
-"""What a training run leaves in its ``--out`` folder (``train_ddp.py``, chapters 04 and 09;
+"""What a training run leaves in its ``--out`` folder (``c04_train_ddp.py`` and ``train_ddp.py``, chapters 04 and 09;
 ``train_gpt.py``, chapter 11), and a plot of the memory each rank reported."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Scripts that grow step by step: what a notebook's ``%%writefile`` cells write, and what one
-version changed from the one before (chapters 04 and 09 show every step of ``train_ddp.py`` so).
+version changed from the one before, as a diff (chapters 04 and 09 show the steps of DDP training so).
 
 A script is written by a ``%%writefile work/<name>`` cell followed by any number of
 ``%%writefile -a work/<name>`` cells (no cell longer than a screen); together they make one
