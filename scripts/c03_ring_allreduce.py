@@ -1,7 +1,6 @@
 """Ring all-reduce with isend/irecv vs passing whole tensors vs dist.all_reduce."""
 
 import argparse
-import gc
 import os
 import sys
 import time
@@ -9,29 +8,34 @@ import time
 import torch
 import torch.distributed as dist
 
-from c03_torchrun_environment import setup  # the block taught above (beside this file)
+# The block taught above, in the file beside this one.
+from c03_torchrun_environment import setup, teardown
 
 
 def exchange(send_buf, recv_buf, right, left):
     """Send to the right and receive from the left at the same time, as one batch (nccl needs it)."""
     ops = [dist.P2POp(dist.isend, send_buf, right), dist.P2POp(dist.irecv, recv_buf, left)]
     for request in dist.batch_isend_irecv(ops):
-        request.wait()  # only now may send_buf change and recv_buf be read
+        # Only once it returns may send_buf change and recv_buf be read.
+        request.wait()
 
 
 def ring_allreduce_(x):
     """Sum x over all ranks, in place: reduce-scatter, then all-gather. Returns bytes sent."""
     rank, n = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % n, (rank - 1) % n
-    chunks = x.view(-1).chunk(n)  # views: writing a chunk writes x
+    # Views: writing a chunk writes x.
+    chunks = x.view(-1).chunk(n)
     assert x.numel() % n == 0, "this version needs equal chunks"
     incoming = torch.empty_like(chunks[0])
     sent = 0
-    for s in range(n - 1):  # reduce-scatter: add the left neighbour's partial sum
+    # Reduce-scatter: add the left neighbour's partial sum.
+    for s in range(n - 1):
         exchange(chunks[(rank - s) % n], incoming, right, left)
         chunks[(rank - s - 1) % n].add_(incoming)
         sent += chunks[0].numel() * x.element_size()
-    for s in range(n - 1):  # all-gather: pass the finished chunks on
+    # All-gather: pass the finished chunks on.
+    for s in range(n - 1):
         exchange(chunks[(rank + 1 - s) % n], chunks[(rank - s) % n], right, left)
         sent += chunks[0].numel() * x.element_size()
     return sent
@@ -60,7 +64,8 @@ def timed(fn, x, repeats):
         start = time.perf_counter()
         fn(y)
         if y.is_cuda:
-            torch.cuda.synchronize()  # nccl calls return before the GPU has finished
+            # nccl calls return before the GPU has finished.
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
@@ -71,10 +76,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each version")
     args = parser.parse_args()
     n = int(os.environ.get("WORLD_SIZE", "1"))
-    numel = args.numel or 2**18 // n * n  # this version needs N equal chunks
+    # This version needs N equal chunks.
+    numel = args.numel or 2**18 // n * n
     if numel % n:
         parser.error(f"--numel must be divisible by the world size {n}")
-    backend, device = setup()
+    device = setup()
     rank = dist.get_rank()
 
     x = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(device)
@@ -94,7 +100,7 @@ def main():
     if rank == 0:
         S = x.numel() * x.element_size()
         atol = 1e-5
-        lines = [f"backend={backend} device={device.type}, N={n}, S = {S / 1e6:.2f} MB per rank"]
+        lines = [f"backend={dist.get_backend()} device={device.type}, N={n}, S = {S / 1e6:.2f} MB per rank"]
         for r, (r_sent, _) in enumerate(reports):
             lines.append(f"rank {r} sent: ring {r_sent['ring'] / S:.3f} S, naive {r_sent['naive'] / S:.3f} S")
         lines.append(f"expected:     ring 2(N-1)/N = {2 * (n - 1) / n:.3f} S, naive N-1 = {n - 1:.3f} S")
@@ -106,6 +112,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)

@@ -1,6 +1,5 @@
 """Point to point: send/recv, isend/irecv round a ring, and the deadlock of blocking sends."""
 
-import gc
 import os
 import sys
 from datetime import timedelta
@@ -8,13 +7,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from c03_torchrun_environment import print_in_rank_order, setup  # the block taught above (beside this file)
+# The block taught above, in the file beside this one.
+from c03_torchrun_environment import print_in_rank_order, setup, teardown
 
 
 def main():
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         sys.exit("c03_send_recv.py: error: needs 2 or more processes: torchrun --nproc_per_node=2 c03_send_recv.py")
-    backend, device = setup()
+    device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     # 1. blocking send/recv, rank 0 -> rank 1
@@ -23,7 +23,8 @@ def main():
         dist.send(x, dst=1)
         text = f"rank 0 sent     {x.tolist()}"
     elif rank == 1:
-        x = torch.zeros(3, device=device)  # the receiver allocates: same shape and dtype
+        # The receiver allocates: same shape and dtype.
+        x = torch.zeros(3, device=device)
         dist.recv(x, src=0)
         text = f"rank 1 received {x.tolist()}"
     else:
@@ -34,28 +35,32 @@ def main():
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     outgoing = torch.full((2,), float(rank), device=device)
     incoming = torch.empty(2, device=device)
-    # posted as one batch: the grouping rule (nccl), harmless on gloo
-    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, outgoing, right), dist.P2POp(dist.irecv, incoming, left)])
-    # the buffer rule: until wait() returns, do not change `outgoing`, do not read `incoming`
+    # Posted as one batch: the grouping rule (nccl), harmless on gloo.
+    ops = [dist.P2POp(dist.isend, outgoing, right), dist.P2POp(dist.irecv, incoming, left)]
+    requests = dist.batch_isend_irecv(ops)
+    # The buffer rule: until wait() returns, do not change `outgoing`, do not read `incoming`.
     for request in requests:
         request.wait()
     print_in_rank_order(f"isend/irecv: rank {rank} received {incoming.tolist()} from rank {left}")
 
     # 3. the same ring with blocking calls, every rank sending first
-    if backend == "gloo":
-        quick = dist.new_group(timeout=timedelta(seconds=2))  # gives up after 2 s, not 30
+    if dist.get_backend() == "gloo":
+        # A group that gives up after 2 s, not 30.
+        quick = dist.new_group(timeout=timedelta(seconds=2))
         try:
             dist.send(outgoing, dst=right, group=quick)
             dist.recv(incoming, src=left, group=quick)
             text = "finished"
-        except RuntimeError:  # "Timed out ...", or "Connection closed" if the peer gave up first
+        except RuntimeError:
+            # "Timed out ...", or "Connection closed" if the peer gave up first.
             text = "never got out of send: deadlock, ended by the timeout"
-    else:  # a hung NCCL operation ends the process instead: do not try it
+    else:
+        # A hung NCCL operation ends the process instead: do not try it.
         text = "skipped on nccl"
     print_in_rank_order(f"all send first: rank {rank} {text}")
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)

@@ -36,11 +36,13 @@ def worker(rank, world_size, init_method, results):
     x = torch.tensor([rank + 1.0], device=device)
     dist.all_reduce(x)
     results[rank] = x.item()
-    gc.collect()  # as in every script here: free what is unused, then leave the group
+    # As in every script here: free what is unused, then leave the group.
+    gc.collect()
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":  # python c03_spawn_worker.py also works
+# `python c03_spawn_worker.py` also works.
+if __name__ == "__main__":
     world_size = 2
     results = torch.zeros(world_size).share_memory_()
     init_method = f"tcp://127.0.0.1:{free_port()}"

@@ -1,16 +1,11 @@
-"""Inside DDP, part 2: controlling synchronisation.
+"""Inside DDP, part 2: no_sync() and gradient accumulation, unused parameters, buffers.
 
-    torchrun --standalone --nproc_per_node=2 c05_controlling_sync.py
-
-1. no_sync() + gradient accumulation (loss scaled by the number of micro-batches) equals one
-   large-batch step, with one all-reduce per optimizer step instead of one per micro-batch.
-2. Parameters that take no part in the loss: the error, and find_unused_parameters=True.
-3. Buffers: forward_sync_buffers (broadcast_buffers before torch 2.13), and why BatchNorm statistics need SyncBatchNorm.
+torchrun --standalone --nproc_per_node=2 c05_controlling_sync.py
 """
 
 import argparse
 import contextlib
-import gc
+import sys
 
 import torch
 import torch.distributed as dist
@@ -19,7 +14,9 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from c05_ddp_internals import gathered, print0, setup  # the setup block and helpers of part 1, beside this file
+# The helpers of part 1, in the file beside this one.
+from c05_ddp_internals import gathered, print0
+from dist_setup import setup, teardown
 
 
 def small_model(device):
@@ -30,14 +27,17 @@ def small_model(device):
 def accumulation(device, rank, world_size):
     accum_steps, micro_batch = 4, 8
     global_batch = world_size * accum_steps * micro_batch
-    g = torch.Generator().manual_seed(0)  # the same data on every rank; each takes its share
+    # The same data on every rank; each takes its share.
+    g = torch.Generator().manual_seed(0)
     X, Y = torch.randn(global_batch, 8, generator=g).to(device), torch.randn(global_batch, 1, generator=g).to(device)
 
-    reference = small_model(device)  # one process, one large batch
+    # One process, one large batch.
+    reference = small_model(device)
     F.mse_loss(reference(X), Y).backward()
     ref_grad = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
 
-    mine = X[rank::world_size], Y[rank::world_size]  # this rank's accum_steps * micro_batch samples
+    # This rank's accum_steps * micro_batch samples.
+    mine = X[rank::world_size], Y[rank::world_size]
     calls = [0]
 
     def counting_hook(state, bucket):
@@ -77,7 +77,8 @@ class TwoHeads(nn.Module):
         super().__init__()
         self.body = nn.Linear(8, 16)
         self.head = nn.Linear(16, 1)
-        self.aux_head = nn.Linear(16, 1)  # used only when asked: unused in this training loop
+        # Used only when asked: unused in this training loop.
+        self.aux_head = nn.Linear(16, 1)
 
     def forward(self, x, use_aux=False):
         h = torch.relu(self.body(x))
@@ -99,7 +100,8 @@ def unused_parameters(device, rank):
             break
     print0(f"    (parameter indices 0-5 are {', '.join(n for n, _ in ddp_model.module.named_parameters())})")
     torch.manual_seed(0)
-    ddp_model = DDP(TwoHeads().to(device), find_unused_parameters=True)  # NEW: the fix
+    # NEW: the fix.
+    ddp_model = DDP(TwoHeads().to(device), find_unused_parameters=True)
     for _ in range(3):
         F.mse_loss(ddp_model(x), y).backward()
     print0(
@@ -113,14 +115,12 @@ def bn_model(device):
     return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).to(device)
 
 
-def buffers(device, rank, world_size):
-    g = torch.Generator().manual_seed(7)
-    X = torch.randn(world_size * 16, 4, generator=g).to(device)
-    X[16:] += 3.0  # rank 1's data sits elsewhere: per-rank batch statistics differ
-    mine = X[rank * 16 : (rank + 1) * 16]
+def buffer_sync(device, mine):
     for broadcast in [True, False]:
-        ddp_model = DDP(bn_model(device), forward_sync_buffers=broadcast)  # torch < 2.13: broadcast_buffers=
-        seen = []  # the running mean that forward() starts from, on this rank
+        # torch < 2.13: broadcast_buffers=
+        ddp_model = DDP(bn_model(device), forward_sync_buffers=broadcast)
+        # The running mean that forward() starts from, on this rank.
+        seen = []
         ddp_model.module[1].register_forward_pre_hook(lambda m, args, seen=seen: seen.append(m.running_mean.clone()))
         for _ in range(3):
             ddp_model(mine).sum().backward()
@@ -129,21 +129,27 @@ def buffers(device, rank, world_size):
             f"  forward_sync_buffers={broadcast!s:5}: BatchNorm running_mean at the start of forward, step 2: "
             + "; ".join(f"rank {r}: {[round(v, 2) for v in s.tolist()]}" for r, s in enumerate(starts))
         )
-    # Batch statistics: each rank normalises with ITS OWN batch's mean and variance.
+
+
+def batch_statistics(device, X, mine):
+    # Each rank normalises with ITS OWN batch's mean and variance.
     means = gathered(mine.mean(0))
     print0(
         f"  per-rank batch means of feature 0: {[round(m[0].item(), 2) for m in means]}; "
         f"of the whole batch: {round(X.mean(0)[0].item(), 2)}"
     )
-    try:  # SyncBatchNorm computes the statistics over all ranks' batches...
+    # SyncBatchNorm computes the statistics over all ranks' batches, but only on accelerators
+    # (CUDA, XPU, HPU, ...).
+    try:
         nn.SyncBatchNorm(4).to(device)(mine)
         print0(f"  SyncBatchNorm on {device.type}: ran")
-    except ValueError as e:  # ...but only on accelerators (CUDA, XPU, HPU, ...)
+    except ValueError as e:
         print0(f"  SyncBatchNorm on {device.type}: ValueError: {e}")
     # What SyncBatchNorm computes, by hand: all-reduce (sum, sum of squares, count).
     stats = torch.cat([mine.sum(0), (mine * mine).sum(0), torch.tensor([float(len(mine))], device=device)])
     dist.all_reduce(stats)
-    mean = stats[:4] / stats[-1]  # stats[-1]: the count
+    # stats[-1]: the count.
+    mean = stats[:4] / stats[-1]
     var = stats[4:8] / stats[-1] - mean * mean
     full_mean, full_var = X.mean(0), X.var(0, unbiased=False)
     ok = max((mean - full_mean).abs().max().item(), (var - full_var).abs().max().item()) <= 1e-5
@@ -151,6 +157,16 @@ def buffers(device, rank, world_size):
         "  by hand, all_reduce of (sum, sum of squares, count): "
         f"mean and variance equal the whole batch's within 1e-05: {ok}"
     )
+
+
+def buffers(device, rank, world_size):
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(world_size * 16, 4, generator=g).to(device)
+    # Rank 1's data sits elsewhere: per-rank batch statistics differ.
+    X[16:] += 3.0
+    mine = X[rank * 16 : (rank + 1) * 16]
+    buffer_sync(device, mine)
+    batch_statistics(device, X, mine)
 
 
 def main():
@@ -167,6 +183,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)

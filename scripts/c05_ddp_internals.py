@@ -1,22 +1,14 @@
-"""Inside DDP, part 1: what DistributedDataParallel does at construction and in backward().
+"""Inside DDP, part 1: what DDP(...) does at construction, in backward(), and with its buckets.
 
     torchrun --standalone --nproc_per_node=2 c05_ddp_internals.py [--out DIR]
 
-1. M1/M3: every rank holds a full replica; DDP(...) broadcasts rank 0's parameters.
-2. M2: gradients are averaged during backward(), not in optimizer.step().
-3. Buckets: how many, with bucket_cap_mb unset (the default), 25 and 1, before and after DDP
-   rebuilds them; a communication hook records when each bucket's all-reduce starts and ends
-   (written to DIR/c05_buckets.json for a timeline plot).
+M1/M3 at construction, M2 in backward(); the buckets' all-reduce timeline goes to DIR/c05_buckets.json.
 """
 
 import argparse
-import gc
 import json
-import os
-import socket
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -25,34 +17,7 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", free_port()),
-    ]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    return device
+from dist_setup import setup, teardown
 
 
 def print0(text):
@@ -88,7 +53,8 @@ def make_model(seed, device):
 
 def construction(device, rank):
     """1. Construction: a full replica per rank, rank 0's values broadcast (M1, M3)."""
-    model = make_model(seed=rank, device=device)  # a different initialisation on every rank
+    # A different initialisation on every rank.
+    model = make_model(seed=rank, device=device)
     before = gathered(flat(model.parameters()))
     print0(f"before DDP(...): parameters equal on all ranks: {all(torch.equal(b, before[0]) for b in before)}")
     imported_before = set(sys.modules)
@@ -107,8 +73,9 @@ def construction(device, rank):
         + ", ".join(f"rank {r}: {c.item():,}" for r, c in enumerate(counts))
         + " (a full replica each: DDP splits the data, not the model)"
     )
+    # A second one, for comparison.
     start = time.perf_counter()
-    DDP(make_model(seed=0, device=device))  # a second one, for comparison
+    DDP(make_model(seed=0, device=device))
     print0(
         f"DDP(...) took {first_ddp:.2f} s the first time in this process (it imported torch._dynamo: {dynamo}), "
         f"{time.perf_counter() - start:.2f} s the second time"
@@ -123,11 +90,13 @@ def when_averaged(ddp_model, device, rank):
 
     def counting_hook(state, bucket):
         calls[phase["now"]] += 1
-        return allreduce_hook(state, bucket)  # DDP's default: average the bucket over ranks
+        # DDP's default: average the bucket over ranks.
+        return allreduce_hook(state, bucket)
 
     ddp_model.register_comm_hook(None, counting_hook)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(100 + rank)  # every rank its own data
+    # Every rank its own data.
+    g = torch.Generator().manual_seed(100 + rank)
     x, y = torch.randn(64, 512, generator=g).to(device), torch.randn(64, 1, generator=g).to(device)
 
     # The gradient each rank would have on its own (no DDP): a plain copy of the same module.
@@ -142,7 +111,8 @@ def when_averaged(ddp_model, device, rank):
     loss = nn.functional.mse_loss(ddp_model(x), y)
     phase["now"] = "backward"
     loss.backward()
-    grads = gathered(flat(p.grad for p in ddp_model.parameters()))  # right after backward()
+    # Right after backward(), before step().
+    grads = gathered(flat(p.grad for p in ddp_model.parameters()))
     mean = torch.stack(local_grads).mean(0)
     print0(
         f"with DDP, right after backward() and before step(): gradients identical on all ranks: "
@@ -155,53 +125,57 @@ def when_averaged(ddp_model, device, rank):
     return x, y
 
 
-def buckets(x, y, device, out):
-    """3. Buckets, and communication overlapping the rest of backward()."""
-    names = {}
-    events = []
+def timing_hook(names, events):
+    """A comm hook that averages each bucket as DDP does, and records when its all-reduce ran."""
+    # names: id(parameter) -> its name in the model; events: the list the records go to.
 
-    def timing_hook(state, bucket):
+    def hook(state, bucket):
         start = time.perf_counter()
         future = allreduce_hook(state, bucket)
         layers = sorted({names[id(p)].split(".")[0] for p in bucket.parameters()}, key=int)
         size_mb = bucket.buffer().numel() * bucket.buffer().element_size() / 2**20
 
         def record(fut):
-            events.append(
-                {
-                    "bucket": bucket.index(),
-                    "tensors": len(bucket.parameters()),
-                    "mb": size_mb,
-                    "layers": layers,
-                    "start": start,
-                    "end": time.perf_counter(),
-                }
-            )
+            event = {"bucket": bucket.index(), "tensors": len(bucket.parameters()), "mb": size_mb, "layers": layers}
+            events.append(dict(event, start=start, end=time.perf_counter()))
             return fut.value()
 
         return future.then(record)
 
+    return hook
+
+
+def timed_steps(ddp_model, x, y, device, events, steps=4):
+    """Train steps; return the buckets after each backward() and when the last one began and ended."""
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+    # DDP rebuilds its buckets at the start of step 2: time the last step, long after.
+    counts = []
+    for _ in range(steps):
+        events.clear()
+        loss = nn.functional.mse_loss(ddp_model(x), y)
+        sync(device)
+        t0 = time.perf_counter()
+        loss.backward()
+        sync(device)
+        t_end = time.perf_counter()
+        # Private, but exact.
+        counts.append(len(ddp_model.reducer._get_zeros_like_grad_buckets()))
+        optimizer.step()
+        optimizer.zero_grad()
+    return counts, t0, t_end
+
+
+def buckets(x, y, device, out):
+    """3. Buckets, and communication overlapping the rest of backward()."""
     timelines = {}
-    for cap in [None, 25, 1]:  # None: bucket_cap_mb left unset, DDP's default
+    # None: bucket_cap_mb left unset, DDP's default.
+    for cap in [None, 25, 1]:
         model = make_model(seed=0, device=device)
-        names = {id(p): n for n, p in model.named_parameters()}
+        events = []
         ddp_model = DDP(model) if cap is None else DDP(model, bucket_cap_mb=cap)
-        ddp_model.register_comm_hook(None, timing_hook)
-        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-        counts = []  # buckets after each backward(); DDP rebuilds them at the start of step 2
-        for _ in range(4):  # time the last step, long after the rebuild
-            events.clear()
-            loss = nn.functional.mse_loss(ddp_model(x), y)
-            sync(device)
-            t0 = time.perf_counter()
-            loss.backward()
-            sync(device)
-            t_end = time.perf_counter()
-            counts.append(len(ddp_model.reducer._get_zeros_like_grad_buckets()))  # private, but exact
-            optimizer.step()
-            optimizer.zero_grad()
+        ddp_model.register_comm_hook(None, timing_hook({id(p): n for n, p in model.named_parameters()}, events))
+        counts, t0, t_end = timed_steps(ddp_model, x, y, device, events)
         events.sort(key=lambda e: e["start"])
-        label = "unset" if cap is None else str(cap)
         print0(
             f"bucket_cap_mb {'unset (default)' if cap is None else f'= {cap}'}: {counts[0]} bucket(s) at step 1, "
             f"{counts[1]} at step 2, {counts[-1]} at step 4; "
@@ -213,7 +187,7 @@ def buckets(x, y, device, out):
                 f"layers {','.join(e['layers']):>9}: "
                 f"all-reduce from {1e3 * (e['start'] - t0):.1f} ms to {1e3 * (e['end'] - t0):.1f} ms"
             )
-        timelines[label] = {
+        timelines["unset" if cap is None else str(cap)] = {
             "backward_ms": 1e3 * (t_end - t0),
             "buckets": [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0)) for e in events],
         }
@@ -234,6 +208,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)

@@ -1,15 +1,10 @@
-"""Inside DDP, part 3: uneven inputs and correct evaluation.
+"""Inside DDP, part 3: uneven inputs (with and without Join), and evaluation under padding.
 
-    torchrun --standalone --nproc_per_node=2 c05_uneven_inputs.py
-
-1. Ranks with different numbers of batches: without Join the rank with more batches waits for
-   an all-reduce nobody else joins (here: a 3-second timeout on gloo); with Join it finishes.
-2. Evaluation with a DistributedSampler that pads: sum correct answers and counts over ranks,
-   without the padded duplicates.
+torchrun --standalone --nproc_per_node=2 c05_uneven_inputs.py
 """
 
 import argparse
-import gc
+import sys
 from datetime import timedelta
 
 import torch
@@ -20,7 +15,9 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from c05_ddp_internals import gathered, print0, setup  # the setup block and helpers of part 1, beside this file
+# The helpers of part 1, in the file beside this one.
+from c05_ddp_internals import gathered, print0
+from dist_setup import setup, teardown
 
 
 def print_in_rank_order(text):
@@ -42,7 +39,8 @@ def train(ddp_model, batches, device, done):
 
 def uneven(backend, device, rank):
     torch.manual_seed(1)
-    n_batches = 5 if rank == 0 else 3  # e.g. a dataset split by files of different sizes
+    # E.g. a dataset split by files of different sizes.
+    n_batches = 5 if rank == 0 else 3
     batches = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(n_batches)]
     if backend == "gloo":
         # A group of its own with a short timeout, so the wait becomes an error quickly.
@@ -65,7 +63,8 @@ def uneven(backend, device, rank):
     torch.manual_seed(0)
     ddp_model = DDP(nn.Linear(8, 1).to(device))
     done = [0]
-    with Join([ddp_model]):  # NEW: a rank that runs out of data shadows the others' all-reduces
+    # NEW: a rank that runs out of data shadows the others' all-reduces.
+    with Join([ddp_model]):
         train(ddp_model, batches, device, done)
     print_in_rank_order(f"  with Join, rank {rank}: trained on {done[0]} batches")
     weights = gathered(ddp_model.module.weight.detach())
@@ -74,7 +73,8 @@ def uneven(backend, device, rank):
 
 def evaluation(device, rank, world_size):
     g = torch.Generator().manual_seed(3)
-    n = 9  # not a multiple of the world size: the sampler pads
+    # Not a multiple of the world size: the sampler pads.
+    n = 9
     X, y = torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
     torch.manual_seed(0)
     model = nn.Linear(4, 2).to(device).eval()
@@ -82,18 +82,21 @@ def evaluation(device, rank, world_size):
         single = (model(X.to(device)).argmax(1) == y.to(device)).sum().item()
     print0(f"  one process, all {n} samples: accuracy {single}/{n} = {single / n:.4f}")
 
-    sampler = DistributedSampler(TensorDataset(X, y), shuffle=False)  # pads to a multiple of world_size
+    # Pads to a multiple of world_size.
+    sampler = DistributedSampler(TensorDataset(X, y), shuffle=False)
     indices = list(sampler)
     print_in_rank_order(f"  rank {rank} evaluates samples {indices}")
     loader = DataLoader(TensorDataset(X, y), batch_size=4, sampler=sampler)
     correct = count = 0
     correct_real = count_real = 0
-    position = 0  # position in this rank's share: global position position * world_size + rank
+    # Position in this rank's share: the global position is position * world_size + rank.
+    position = 0
     with torch.no_grad():
         for xb, yb in loader:
             right = (model(xb.to(device)).argmax(1) == yb.to(device)).tolist()
             for r in right:
-                real = position * world_size + rank < n  # False for the padded duplicates
+                # False for the padded duplicates.
+                real = position * world_size + rank < n
                 correct, count = correct + r, count + 1
                 correct_real, count_real = correct_real + (r and real), count_real + real
                 position += 1
@@ -122,6 +125,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)

@@ -9,17 +9,16 @@ Run the same command on every node. Rank 0 prints one table for the whole job. W
 """
 
 import argparse
-import gc
 import os
 import sys
 import time
-from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
+from dist_setup import setup, teardown
 
-def main():
+
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--wait-for-world-size",
@@ -30,28 +29,17 @@ def main():
     )
     parser.add_argument("--wait-seconds", type=float, default=45, help="how long to wait for them")
     args = parser.parse_args()
+    # The table needs the node's number, which only torchrun hands out.
     if "GROUP_RANK" not in os.environ:
         parser.error("start me with torchrun (see the example in --help)")
+    return args
+
+
+def my_row(rank, world_size):
+    """Who this process is, and the GPU it would take by LOCAL_RANK and by RANK (M6)."""
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])  # restarts this node's agent counted
-    if world_size < args.wait_for_world_size:
-        if rank == 0:
-            sys.stdout.write(
-                f"WORLD_SIZE={world_size}, TORCHELASTIC_RESTART_COUNT={restarts}: waiting for more nodes\n"
-            )
-            sys.stdout.flush()
-        time.sleep(args.wait_seconds)  # torchrun stops this group when a node joins
-        sys.exit(f"c10_multi_node_ranks.py: error: no node joined within {args.wait_seconds:g} s")
-    row = {
+    return {
         "RANK": rank,
         "GROUP_RANK (node)": int(os.environ["GROUP_RANK"]),
         "LOCAL_RANK": local_rank,
@@ -59,13 +47,34 @@ def main():
         "device from LOCAL_RANK": f"cuda:{local_rank}",
         "device from RANK (M6)": f"cuda:{rank}" + ("" if rank < local_world_size else " (no such GPU)"),
     }
+
+
+def main():
+    args = parse_args()
+    setup()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # The restarts this node's agent counted.
+    restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if world_size < args.wait_for_world_size:
+        if rank == 0:
+            sys.stdout.write(
+                f"WORLD_SIZE={world_size}, TORCHELASTIC_RESTART_COUNT={restarts}: waiting for more nodes\n"
+            )
+            sys.stdout.flush()
+        # torchrun stops this group when a node joins.
+        time.sleep(args.wait_seconds)
+        return f"c10_multi_node_ranks.py: error: no node joined within {args.wait_seconds:g} s"
+    row = my_row(rank, world_size)
     rows, counts = [None] * world_size, [None] * world_size
-    dist.all_gather_object(rows, row)  # one table, printed by rank 0
+    # One table, printed by rank 0.
+    dist.all_gather_object(rows, row)
     dist.all_gather_object(counts, restarts)
     if rank == 0:
+        local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
         lines = ["  ".join(f"{key:>22}" for key in row)]
         lines += ["  ".join(f"{str(r[key]):>22}" for key in row) for r in rows]
         gpus = "cuda:0" if local_world_size == 1 else f"cuda:0 to cuda:{local_world_size - 1}"
+        backend = dist.get_backend()
         where = "this job's GPUs" if backend == "nccl" else f"for a GPU job; this one ran on the CPU ({backend})"
         lines += [
             f"(one process per GPU: on every node {gpus}, {where})",
@@ -75,6 +84,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)

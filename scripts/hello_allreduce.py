@@ -8,7 +8,8 @@ import torch.distributed as dist
 
 
 def main():
-    local_rank = int(os.environ["LOCAL_RANK"])  # this process's index on this machine
+    # This process's index on this machine.
+    local_rank = int(os.environ["LOCAL_RANK"])
     local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
     # nccl needs one GPU per process; otherwise use gloo on the CPU.
     if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
@@ -23,7 +24,8 @@ def main():
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     x = torch.tensor([rank + 1.0], device=device)
-    dist.all_reduce(x)  # default op: SUM, result on every rank
+    # Default op: SUM, result on every rank.
+    dist.all_reduce(x)
     expected = world_size * (world_size + 1) / 2
 
     # Gather one line per rank to rank 0 and print them in rank order: deterministic output.
@@ -38,5 +40,7 @@ def main():
 
 if __name__ == "__main__":
     main()
-    gc.collect()  # main() has returned: free what it left on the group (its tensors), then leave the
-    dist.destroy_process_group()  # group while Python still runs: one alive at exit can abort the process (gloo)
+    # main() has returned: free what it left on the group (its tensors), then leave the group
+    # while Python still runs: a gloo group alive at exit can abort the process.
+    gc.collect()
+    dist.destroy_process_group()
