@@ -10,11 +10,8 @@ backward) must equal the unsplit layers'; CommDebugMode counts the collectives o
 
 import argparse
 import copy
-import gc
 import os
-import socket
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -24,37 +21,11 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from dist_setup import setup, teardown
+
 IN, HIDDEN, OUT, BATCH = 16, 32, 8, 4
 ATOL = 1e-5
-
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", free_port()),
-    ]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    return device
+FAILED = []
 
 
 def print0(text):
@@ -63,12 +34,10 @@ def print0(text):
         sys.stdout.write(text + "\n")
 
 
-FAILED = []
-
-
 def check(what, got, expected):
     """Compare on every rank; rank 0 prints one verdict for all of them."""
-    diff = torch.tensor([(got.detach() - expected.detach()).abs().max().item()], device=got.device)  # nccl: on the GPU
+    # On the tensors' device: nccl reduces GPU tensors only.
+    diff = torch.tensor([(got.detach() - expected.detach()).abs().max().item()], device=got.device)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     if diff.item() <= ATOL:
         print0(f"PASS {what}: max |difference| <= {ATOL:g}")
@@ -103,22 +72,9 @@ def compare(name, sharded, unsplit, x):
     return forward, backward
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args()
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
-    if IN % ranks or HIDDEN % ranks:  # DTensor splits unevenly, but the MLP's two layers must agree
-        fits = [n for n in range(1, HIDDEN + 1) if IN % n == 0 and HIDDEN % n == 0]
-        parser.error(f"the layers split {IN} and {HIDDEN} features evenly: run on {fits} processes, not {ranks}")
-    device = setup()
-    world_size = dist.get_world_size()
-    print0(f"{world_size} ranks, backend={dist.get_backend()} device={device.type}")
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
-    torch.manual_seed(0)
-    x = torch.randn(BATCH, IN, device=device)
-
-    # 1. One layer each way. Column: rows of W (output features), the output gathered. Row: columns
-    #    of W (input features), the whole input sliced here, the partial outputs summed.
+def one_layer_each_way(mesh, x, device):
+    """Column: rows of W (output features), the output gathered. Row: columns of W (input
+    features), the whole input sliced here, the partial outputs summed."""
     plans = {
         "column-parallel": ColwiseParallel(output_layouts=Replicate()),
         "row-parallel": RowwiseParallel(input_layouts=Replicate()),
@@ -134,24 +90,44 @@ def main():
         )
         compare(name, sharded, linear, x)
 
-    # 2. An MLP: column (its output stays sharded) -> ReLU on the shards -> row (takes them as they
-    #    are): one all_reduce in forward, whatever the hidden size.
+
+def the_mlp(mesh, x, device):
+    """Column (its output stays sharded) -> ReLU on the shards -> row (takes them as they are):
+    one all_reduce in forward, whatever the hidden size."""
     torch.manual_seed(2)
     mlp = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT)).to(device)
     tp_mlp = parallelize_module(copy.deepcopy(mlp), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     forward, backward = compare("MLP column -> ReLU -> row", tp_mlp, mlp, x)
-    one = {"all_reduce": 1} if world_size > 1 else {}  # one rank holds everything: nothing to send
+    # One rank holds everything: nothing to send.
+    one = {"all_reduce": 1} if dist.get_world_size() > 1 else {}
     print0(
         f"{'PASS' if forward == one and backward == one else 'FAIL'} the MLP communicates once each way "
         "(on 2+ ranks): the row layer's sum in forward, the input's gradient in backward"
     )
     if forward != one or backward != one:
         FAILED.append("MLP collectives")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args()
+    # DTensor splits unevenly, but the MLP's two layers must agree: refused before joining the group.
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if IN % ranks or HIDDEN % ranks:
+        fits = [n for n in range(1, HIDDEN + 1) if IN % n == 0 and HIDDEN % n == 0]
+        parser.error(f"the layers split {IN} and {HIDDEN} features evenly: run on {fits} processes, not {ranks}")
+    device = setup()
+    world_size = dist.get_world_size()
+    print0(f"{world_size} ranks, backend={dist.get_backend()} device={device.type}")
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    x = torch.randn(BATCH, IN, device=device)
+    one_layer_each_way(mesh, x, device)
+    the_mlp(mesh, x, device)
     return 1 if FAILED else 0
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
-    sys.exit(exit_code)
+    code = main()
+    teardown()
+    sys.exit(code)

@@ -8,11 +8,8 @@ and weights are compared with the unsplit model. Exits with 1 if they differ.
 """
 
 import argparse
-import gc
 import os
-import socket
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -20,37 +17,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from dist_setup import setup, teardown
+
 WIDTH, LAYERS, BATCH, LR = 64, 8, 32, 0.1
 ATOL = 1e-6
-
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", free_port()),
-    ]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    return device
 
 
 def print0(text):
@@ -77,66 +47,90 @@ def loss_fn(output, target):
     return F.mse_loss(output, target)
 
 
-def main():
+def parse_args():
+    """The micro-batches per step; refuses, before joining the group, what the pipeline cannot run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--microbatches", type=int, help="micro-batches per step (default: 4, 8 for 5+ stages)")
     args = parser.parse_args()
-    stages = int(os.environ.get("WORLD_SIZE", "1"))  # one stage per process
+    # One stage per process.
+    stages = int(os.environ.get("WORLD_SIZE", "1"))
     if stages > LAYERS:
         parser.error(f"{LAYERS} layers make at most {LAYERS} stages, not {stages}")
     m = args.microbatches or next(d for d in range(max(4, stages), BATCH + 1) if BATCH % d == 0)
-    if m < stages or BATCH % m:  # Schedule1F1B refuses fewer micro-batches than stages
+    # Schedule1F1B refuses fewer micro-batches than stages.
+    if m < stages or BATCH % m:
         parser.error(f"--microbatches must divide {BATCH} and be at least the number of stages ({stages})")
+    return m
+
+
+def reference_step(x, y, mine, device):
+    """The unsplit model, one SGD step on the whole batch: its loss, and the gradients and updated
+    weights of the layers in `mine` (this rank's stage)."""
+    full = make_model().to(device)
+    loss = loss_fn(full(x), y)
+    loss.backward()
+    grads = [p.grad.clone() for p in full[mine].parameters()]
+    torch.optim.SGD(full.parameters(), lr=LR).step()
+    weights = [p.detach().clone() for p in full[mine].parameters()]
+    return loss.item(), grads, weights
+
+
+def pipelined_step(Schedule, mine, m, x, y, device):
+    """One SGD step of this rank's stage under `Schedule`: the stage's gradients, its weights after
+    the step, and the mean loss of the micro-batches (on the last stage; 0.0 elsewhere)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # Only this rank's layers.
+    stage_module = make_model()[mine].to(device)
+    stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=device)
+    schedule = Schedule(stage, n_microbatches=m, loss_fn=loss_fn)
+    losses = []
+    # The first stage feeds the input; the last gets the target and the losses (one stage: both).
+    inputs = (x,) if rank == 0 else ()
+    targets = {"target": y, "losses": losses} if rank == world_size - 1 else {}
+    schedule.step(*inputs, **targets)
+    grads = [p.grad.clone() for p in stage_module.parameters()]
+    torch.optim.SGD(stage_module.parameters(), lr=LR).step()
+    # The mean of the micro-batches' losses: equal micro-batches make it the whole batch's.
+    loss = torch.stack(losses).mean().item() if losses else 0.0
+    return grads, [p.detach() for p in stage_module.parameters()], loss
+
+
+def main():
+    m = parse_args()
     device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1)
     x, y = torch.randn(BATCH, WIDTH, device=device), torch.randn(BATCH, WIDTH, device=device)
-
-    # the reference: the unsplit model, one SGD step on the whole batch
-    full = make_model().to(device)
-    ref_loss = loss_fn(full(x), y)
-    ref_loss.backward()
     mine = stage_slice(rank, world_size)
-    ref_grads = [p.grad.clone() for p in full[mine].parameters()]
-    torch.optim.SGD(full.parameters(), lr=LR).step()
-    ref_weights = [p.detach().clone() for p in full[mine].parameters()]
+    ref_loss, ref_grads, ref_weights = reference_step(x, y, mine, device)
 
-    sizes = sorted({len(full[stage_slice(s, world_size)]) // 2 for s in range(world_size)})
+    # Layers per stage: each layer is two modules, a Linear and a Tanh.
+    slices = [stage_slice(s, world_size) for s in range(world_size)]
+    sizes = sorted({(s.stop - s.start) // 2 for s in slices})
     print0(
         f"{world_size} stage(s) of {' or '.join(map(str, sizes))} layers, batch {BATCH} in {m} "
         f"micro-batches, backend={dist.get_backend()} device={device.type}"
     )
     failed = False
     for name, Schedule in [("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)]:
-        stage_module = make_model()[mine].to(device)  # only this rank's layers
-        stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=device)
-        schedule = Schedule(stage, n_microbatches=m, loss_fn=loss_fn)
-        losses = []
-        # The first stage feeds the input; the last gets the target and the losses (one stage: both).
-        inputs = (x,) if rank == 0 else ()
-        targets = {"target": y, "losses": losses} if rank == world_size - 1 else {}
-        schedule.step(*inputs, **targets)
-        grads = [p.grad.clone() for p in stage_module.parameters()]
-        torch.optim.SGD(stage_module.parameters(), lr=LR).step()
+        grads, weights, loss = pipelined_step(Schedule, mine, m, x, y, device)
         diff = max(
             max((g - r).abs().max().item() for g, r in zip(grads, ref_grads)),
-            max((p - r).abs().max().item() for p, r in zip(stage_module.parameters(), ref_weights)),
+            max((p - r).abs().max().item() for p, r in zip(weights, ref_weights)),
         )
-        loss = torch.stack(losses).mean().item() if losses else 0.0  # mean of micro-batch losses
+        # Every stage's largest difference, and the last stage's loss.
         results = [None] * world_size
         dist.all_gather_object(results, (diff, loss))
-        loss_diff = abs(results[-1][1] - ref_loss.item())
-        ok = max(d for d, _ in results) <= ATOL and loss_diff <= ATOL
+        ok = max(d for d, _ in results) <= ATOL and abs(results[-1][1] - ref_loss) <= ATOL
         failed |= not ok
         print0(
-            f"{name:>5}: loss {results[-1][1]:.4f} (unsplit {ref_loss.item():.4f}); loss, gradients and "
+            f"{name:>5}: loss {results[-1][1]:.4f} (unsplit {ref_loss:.4f}); loss, gradients and "
             f"weights after one SGD step equal the unsplit model's: {ok} (max |difference| <= {ATOL:g})"
         )
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
-    sys.exit(exit_code)
+    code = main()
+    teardown()
+    sys.exit(code)

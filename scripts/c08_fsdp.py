@@ -8,7 +8,6 @@ by a single process on the whole batch.
 """
 
 import argparse
-import gc
 import sys
 
 import torch
@@ -16,7 +15,38 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from c08_zero1_optimizer import make_model, per_rank, print0, setup, train  # c08_zero1_optimizer.py: beside this file
+# The chapter's model and helpers, from c08_zero1_optimizer.py beside this file.
+from c08_zero1_optimizer import make_model, per_rank, print0, train
+from dist_setup import setup, teardown
+
+
+def make_batches(steps, world_size, device):
+    """The global batches, the same on every rank: 8 samples per rank each."""
+    g = torch.Generator().manual_seed(1)
+    return [
+        (
+            torch.randn(8 * world_size, 32, generator=g).to(device),
+            torch.randn(8 * world_size, 5, generator=g).to(device),
+        )
+        for _ in range(steps)
+    ]
+
+
+def train_sharded(mesh, batches, device):
+    """FSDP2: shard each block, then the root (inp and head), over the mesh, and train on this
+    rank's share of every batch. Returns the model, its optimizer and the global loss of each step."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = make_model(device)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    # Built on the sharded parameters: its state is sharded too.
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    my_batches = [(x[rank::world_size], y[rank::world_size]) for x, y in batches]
+    losses = train(model, optimizer, my_batches)
+    # Equal shares: the mean of the ranks' means is the global one.
+    dist.all_reduce(losses, op=dist.ReduceOp.AVG)
+    return model, optimizer, losses
 
 
 def local(t):
@@ -28,55 +58,23 @@ def nbytes(tensors):
     return sum(local(t).numel() * local(t).element_size() for t in tensors)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5, help="training steps (default: 5)")
-    args = parser.parse_args()
-    device = setup()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world_size,))  # 1-D mesh: shard over all ranks
-
-    g = torch.Generator().manual_seed(1)
-    batches = [
-        (
-            torch.randn(8 * world_size, 32, generator=g).to(device),
-            torch.randn(8 * world_size, 5, generator=g).to(device),
-        )
-        for _ in range(args.steps)
-    ]
-
-    # One process, the whole batch: what sharded data parallelism must equal.
-    reference = make_model(device)
-    reference_losses = train(reference, torch.optim.Adam(reference.parameters(), lr=1e-3), batches)
-
-    # FSDP2: shard each block, then the root (inp and head), over the mesh.
-    model = make_model(device)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)  # built on the sharded parameters
-    my_batches = [(x[rank::world_size], y[rank::world_size]) for x, y in batches]  # this rank's share
-    losses = train(model, optimizer, my_batches)
-    dist.all_reduce(losses, op=dist.ReduceOp.AVG)  # equal shares: the mean of the ranks' means is the global one
-
+def report_storage(model, optimizer):
+    """What each rank stores, against the full model (printed by rank 0)."""
+    world_size = dist.get_world_size()
     w = model.blocks[0][0].weight
     print0(
         f"a sharded parameter: {type(w).__name__}, global shape {tuple(w.shape)}, "
         f"placements {w.placements}, local shape on rank 0 {tuple(w.to_local().shape)}"
     )
     print0(f"head.weight (5 rows): local shapes per rank {per_rank(tuple(model.head.weight.to_local().shape))}")
-
-    full_count = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
+    # A DTensor's numel is the global one.
+    full_count = sum(p.numel() for p in model.parameters())
     counts = per_rank(sum(p.to_local().numel() for p in model.parameters()))
-    stored = per_rank(
-        (
-            nbytes(model.parameters()),
-            nbytes(p.grad for p in model.parameters()),
-            nbytes(
-                v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
-            ),
-        )
-    )
+    # Adam's m and v: its step counters are scalars, not shards.
+    adam_state = [
+        v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+    ]
+    stored = per_rank((nbytes(model.parameters()), nbytes(p.grad for p in model.parameters()), nbytes(adam_state)))
     full = (4 * full_count, 4 * full_count, 8 * full_count)
     print0(f"full model: {full_count:,} parameters; {world_size} ranks")
     print0(
@@ -93,12 +91,28 @@ def main():
         f"{sum(s[2] for s in stored):>14,} | (the full model: {full[0]:,} / {full[1]:,} / {full[2]:,})"
     )
 
-    # The loss of every step, not the weights: Adam moves a weight by about lr a step whatever the size of
-    # its gradient (above Adam's eps), so where a gradient is ~0, rounding in another summation order can
-    # turn its step the other way, and two exact runs drift apart there by up to about 2 lr a step (lr:
-    # 1e-3). The loss does not depend on those weights (their gradient is ~0). float32 rounds at 6e-8;
-    # a sum of 128 products typically errs by sqrt(128) * 6e-8 ~ 7e-7, at worst 128 * 6e-8 ~ 8e-6:
-    # hence 1e-5, relative.
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="training steps (default: 5)")
+    args = parser.parse_args()
+    device = setup()
+    # A 1-D mesh: shard over all ranks.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    batches = make_batches(args.steps, dist.get_world_size(), device)
+
+    # One process, the whole batch: what sharded data parallelism must equal.
+    reference = make_model(device)
+    reference_losses = train(reference, torch.optim.Adam(reference.parameters(), lr=1e-3), batches)
+    model, optimizer, losses = train_sharded(mesh, batches, device)
+    report_storage(model, optimizer)
+
+    # The loss of every step, not the weights: Adam moves a weight by about lr a step whatever the
+    # size of its gradient (above Adam's eps), so where a gradient is ~0, rounding in another
+    # summation order can turn its step the other way, and two exact runs drift apart there by up
+    # to about 2 lr a step (lr: 1e-3). The loss does not depend on those weights (their gradient is
+    # ~0). float32 rounds at 6e-8; a sum of 128 products typically errs by sqrt(128) * 6e-8 ~ 7e-7,
+    # at worst 128 * 6e-8 ~ 8e-6: hence 1e-5, relative.
     rtol = 1e-5
     diff = ((losses - reference_losses) / reference_losses).abs().max().item()
     print0(
@@ -109,7 +123,6 @@ def main():
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
-    sys.exit(exit_code)
+    code = main()
+    teardown()
+    sys.exit(code)

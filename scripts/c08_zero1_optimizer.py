@@ -5,14 +5,12 @@
 Both runs start from the same weights and see the same data. Prints, gathered to rank 0:
 parameters held per rank (DDP keeps a full replica: M1), optimizer-state bytes per rank
 (ZeRO-1 keeps 1/N of them), and how far the two runs' weights are apart after --steps steps.
+The chapter's other scripts, c08_fsdp.py and c08_fsdp_options.py, take the model and the
+helpers from this one.
 """
 
 import argparse
-import gc
-import os
-import socket
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -21,34 +19,7 @@ import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", free_port()),
-    ]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    return device
+from dist_setup import setup, teardown
 
 
 def print0(text):
@@ -107,14 +78,34 @@ def train(model, optimizer, batches):
     return torch.stack(losses)
 
 
+def report_memory(ddp_model, adam, zero):
+    """Parameters held and Adam state bytes per rank, DDP + Adam against ZeRO-1 (printed by rank 0)."""
+    counts = per_rank(sum(p.numel() for p in ddp_model.parameters()))
+    print0(
+        "DDP: parameters held per rank: "
+        + ", ".join(f"rank {r}: {c:,}" for r, c in enumerate(counts))
+        + "  (a full replica on every rank)"
+    )
+    owned = per_rank([sum(p.numel() for g in zero.optim.param_groups for p in g["params"])])
+    full = per_rank(state_bytes(adam))
+    # zero.optim: the local Adam over this rank's share of the parameters.
+    sharded = per_rank(state_bytes(zero.optim))
+    print0(f"{'rank':>4} | {'params it updates':>17} | {'Adam state, DDP':>15} | {'Adam state, ZeRO-1':>18} | share")
+    for r in range(dist.get_world_size()):
+        print0(
+            f"{r:>4} | {owned[r][0]:>17,} | {full[r]:>9,} bytes | {sharded[r]:>12,} bytes | {sharded[r] / full[r]:.3f}"
+        )
+    print0(f"ZeRO-1 state summed over ranks: {sum(sharded):,} bytes (unsharded: {full[0]:,} bytes)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="training steps (default: 5)")
     args = parser.parse_args()
     device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
-
-    g = torch.Generator().manual_seed(1 + rank)  # each rank its own data
+    # Each rank its own data.
+    g = torch.Generator().manual_seed(1 + rank)
     batches = [
         (torch.randn(8, 32, generator=g).to(device), torch.randn(8, 5, generator=g).to(device))
         for _ in range(args.steps)
@@ -132,23 +123,8 @@ def main():
     train(zero_model, zero, batches)
 
     n_params = sum(p.numel() for p in model.parameters())
-    counts = per_rank(sum(p.numel() for p in ddp_model.parameters()))
     print0(f"model: {n_params:,} parameters in {len(list(model.parameters()))} tensors, {world_size} ranks")
-    print0(
-        "DDP: parameters held per rank: "
-        + ", ".join(f"rank {r}: {c:,}" for r, c in enumerate(counts))
-        + "  (a full replica on every rank)"
-    )
-
-    owned = per_rank([sum(p.numel() for g in zero.optim.param_groups for p in g["params"])])
-    full = per_rank(state_bytes(adam))
-    sharded = per_rank(state_bytes(zero.optim))  # zero.optim: the local Adam over this rank's share
-    print0(f"{'rank':>4} | {'params it updates':>17} | {'Adam state, DDP':>15} | {'Adam state, ZeRO-1':>18} | share")
-    for r in range(world_size):
-        print0(
-            f"{r:>4} | {owned[r][0]:>17,} | {full[r]:>9,} bytes | {sharded[r]:>12,} bytes | {sharded[r] / full[r]:.3f}"
-        )
-    print0(f"ZeRO-1 state summed over ranks: {sum(sharded):,} bytes (unsharded: {full[0]:,} bytes)")
+    report_memory(ddp_model, adam, zero)
 
     atol = 1e-6
     diff = max((a - b).abs().max().item() for a, b in zip(ddp_model.parameters(), zero_model.parameters()))
@@ -161,7 +137,6 @@ def main():
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
-    sys.exit(exit_code)
+    code = main()
+    teardown()
+    sys.exit(code)
