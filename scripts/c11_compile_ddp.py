@@ -9,10 +9,11 @@
    (torch/_dynamo/backends/distributed.py).
 2. Training: chapter 11's GPT with DDP for 8 steps, eager and compiled: the same losses, and how
    long the first compiled step (the compilation) takes against the others.
+
+The process group comes from dist_setup.py, which must sit beside this file.
 """
 
 import argparse
-import gc
 import logging
 import statistics
 import sys
@@ -22,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dist_setup import setup, teardown
 from parallel_course.gpt import GPT, AdditionTask, GPTConfig, answer_loss_sum
-from train_gpt import setup  # the chapter's block, in train_gpt.py beside this file
 
 
 def print0(text):
@@ -32,13 +33,25 @@ def print0(text):
 
 
 def model_on(device, cfg=None):
-    torch.manual_seed(5)  # the same initial weights in every run
+    # The same initial weights in every run.
+    torch.manual_seed(5)
     return GPT(cfg or GPTConfig()).to(device)
 
 
 def wrap(model, device, bucket_cap_mb=None):
     kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
+
+
+def counting_backend(seen):
+    """A torch.compile backend that compiles nothing: it keeps each graph dynamo hands it in
+    ``seen`` and runs it as it is."""
+
+    def backend(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    return backend
 
 
 def graphs(device):
@@ -55,14 +68,10 @@ def graphs(device):
     ]:
         torch._dynamo.reset()
         seen = []
-
-        def counting(gm, example_inputs, seen=seen):  # a backend that compiles nothing: it counts
-            seen.append(gm)
-            return gm.forward
-
         model = make()
-        compiled = torch.compile(model, backend=counting)
-        for _ in range(2):  # DDP sets its buckets in the order of step 1's gradients, from step 2 on
+        compiled = torch.compile(model, backend=counting_backend(seen))
+        # DDP sets its buckets in the order of step 1's gradients, from step 2 on.
+        for _ in range(2):
             compiled(x).sum().backward()
         buckets = len(model.reducer._get_zeros_like_grad_buckets()) if isinstance(model, DDP) else "-"
         print0(f"  {name:22}: {len(seen)} graph(s); DDP's buckets: {buckets}")
@@ -82,7 +91,8 @@ def train(device, compiled, backend, steps=8):
         x, y = task.batch(data, 8)
         x, y = (t[rank * share : (rank + 1) * share].to(device) for t in (x, y))
         loss_sum, count = answer_loss_sum(step_fn(x), y)
-        (loss_sum / count).backward()  # equal counts on every rank: DDP's average is the global mean
+        # Equal counts on every rank: DDP's average is the global mean.
+        (loss_sum / count).backward()
         optimizer.step()
         optimizer.zero_grad()
         dist.all_reduce(loss_sum := loss_sum.detach())
@@ -117,9 +127,10 @@ def main():
         f"compiled {statistics.median(compiled_times[1:]) * 1e3:.1f} ms, eager "
         f"{statistics.median(eager_times[1:]) * 1e3:.1f} ms"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)

@@ -1,30 +1,32 @@
 """Train the course's small GPT on addition in one of five layouts: the capstone's reference script.
 
     python train_gpt.py --parallel single --out work/gpt_single
-    torchrun --standalone --nproc_per_node=2 train_gpt.py --parallel ddp --out work/gpt_ddp  # or fsdp, tp
+    torchrun --standalone --nproc_per_node=2 train_gpt.py --parallel ddp --out work/gpt_ddp
     torchrun --standalone --nproc_per_node=4 train_gpt.py --parallel 2d --sequence-parallel --out work/gpt_2d
 
-Every layout trains the same model on the same global batches, so its per-step losses equal the
-single process's up to float rounding. Writes metrics.json (losses, parameters and memory per
-rank, the sharding) and final.pt (the whole model, from rank 0) to --out. The model and the task
-come from the course's package (parallel_course.gpt), shared with the notebook and the labs.
+(`--parallel fsdp` and `tp` run like `ddp`.) Every layout trains the same model on the same global
+batches, so its per-step losses equal the single process's up to float rounding. Writes
+metrics.json (losses, parameters and memory per rank, the sharding, the collectives of one
+tensor-parallel block) and final.pt (the whole model, from rank 0) to --out.
+
+A layout is a few functions applied in order by build_model: apply_tp (with apply_sp for sequence
+parallelism), then apply_fsdp or apply_ddp over the data-parallel ranks. The model and the task
+come from the course's package (parallel_course.gpt), shared with the notebook and the labs; the
+process group from dist_setup.py, which must sit beside this file.
 """
 
 import argparse
 import contextlib
-import gc
 import json
 import logging
 import os
-import socket
 import sys
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
@@ -37,18 +39,20 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dist_setup import setup, teardown
 from parallel_course.gpt import GPT, AdditionTask, GPTConfig, answer_loss_sum
 
 LAYOUTS = ("single", "ddp", "fsdp", "tp", "2d")
-TP_SIZE_2D = 2  # tensor-parallel ranks per data-parallel group in the 2d layout
+# Tensor-parallel ranks per data-parallel group in the 2d layout.
+TP_SIZE_2D = 2
 
 
-def mesh_shape(layout, world_size):
+def mesh_shape(layout: str, world_size: int) -> tuple[int, int]:
     """(data-parallel size, tensor-parallel size) of a layout on world_size processes."""
     return {"tp": (1, world_size), "2d": (world_size // TP_SIZE_2D, TP_SIZE_2D)}.get(layout, (world_size, 1))
 
 
-def parse_args(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train a small GPT on addition: single, DDP, FSDP, TP or FSDP x TP.")
     parser.add_argument("--parallel", choices=LAYOUTS, default="single", help="the layout (default: single)")
     parser.add_argument("--steps", type=int, default=200)
@@ -60,10 +64,12 @@ def parse_args(argv=None):
     parser.add_argument("--sequence-parallel", action="store_true", help="tp, 2d: split activations by position")
     parser.add_argument("--out", type=Path, required=True, help="folder for metrics.json and final.pt")
     args = parser.parse_args(argv)
+    # Checked before the group is joined: a bad request is one line, before anything starts.
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if min(args.steps, args.global_batch_size) < 1:
         parser.error("--steps and --global-batch-size must be at least 1")
-    if not 1 <= args.digits <= 4:  # the sequence must fit the model's 16 positions
+    # The sequence must fit the model's 16 positions.
+    if not 1 <= args.digits <= 4:
         parser.error(f"--digits must be 1 to 4, got {args.digits}")
     if not args.lr > 0:
         parser.error(f"--lr must be positive, got {args.lr}")
@@ -71,15 +77,16 @@ def parse_args(argv=None):
         parser.error(f"--parallel single is one process, but the world size is {world_size}")
     if args.parallel == "2d" and (world_size < 2 * TP_SIZE_2D or world_size % TP_SIZE_2D):
         parser.error(f"--parallel 2d needs an even world size of at least {2 * TP_SIZE_2D}, got {world_size}")
-    tp, heads = mesh_shape(args.parallel, world_size)[1], GPTConfig().n_heads
-    if heads % tp:  # each tensor-parallel rank computes whole heads
+    dp, tp = mesh_shape(args.parallel, world_size)
+    heads = GPTConfig().n_heads
+    # Each tensor-parallel rank computes whole heads.
+    if heads % tp:
         parser.error(
             f"--parallel {args.parallel} splits the {heads} attention heads over {tp} ranks: "
             f"use a world size that divides {heads}"
         )
     if args.sequence_parallel and args.parallel not in ("tp", "2d"):
         parser.error(f"--sequence-parallel needs --parallel tp or 2d, got {args.parallel}")
-    dp = mesh_shape(args.parallel, world_size)[0]
     if args.global_batch_size % dp:
         parser.error(f"--global-batch-size {args.global_batch_size} is not divisible by the {dp} data-parallel ranks")
     if args.out.exists() and not args.out.is_dir():
@@ -87,90 +94,101 @@ def parse_args(argv=None):
     return args
 
 
-def free_port():
-    """A port the operating system says is free (plain `python` runs): never a fixed number."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def setup():
-    """Backend and device from what is present; works under torchrun and as plain python."""
-    for key, value in [
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", free_port()),
-    ]:
-        os.environ.setdefault(key, value)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
-    # nccl: bind the group to this process's GPU (its communicator is made now, barrier() uses it)
-    dist.init_process_group(backend, timeout=timedelta(seconds=30), device_id=device if backend == "nccl" else None)
-    return device
-
-
-def local(t):
+def local(t: torch.Tensor) -> torch.Tensor:
     """The part of a tensor this rank stores: a DTensor's local shard, or the tensor itself."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def nbytes(tensors):
+def nbytes(tensors) -> int:
     return sum(local(t).numel() * local(t).element_size() for t in tensors)
 
 
-def tensor_parallel(model, tp_mesh, sequence=False):
-    """Megatron-style: q, k, v and the MLP's first layer split by columns (output features), the
-    projections after them by rows. Per block, forward: an all-reduce after each row-parallel
-    projection (2); backward: one for the input gradient of each column-parallel layer (4: q, k, v
-    and fc; a fused qkv would make it 2). The head is split by vocabulary, its logits gathered.
-    Sequence parallelism also splits the embeddings, and by position what flows between the split
-    layers: each all-reduce becomes a reduce-scatter, and an all-gather before the next split layer."""
-    seq = Shard(1) if sequence else Replicate()  # the activations between the split layers
-    plan = {"head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
-    for i in range(len(model.blocks)):
-        plan |= {f"blocks.{i}.attn.{name}": ColwiseParallel() for name in ("q", "k", "v")}
-        plan |= {
-            f"blocks.{i}.attn.proj": RowwiseParallel(output_layouts=seq),
-            f"blocks.{i}.mlp.fc": ColwiseParallel(),
-            f"blocks.{i}.mlp.proj": RowwiseParallel(output_layouts=seq),
-        }
-        if sequence:  # norms on this rank's positions; attention and MLP gather the whole sequence
-            plan |= {
-                f"blocks.{i}.{m}": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
-                for m in ("attn", "mlp")
-            } | {f"blocks.{i}.{norm}": SequenceParallel() for norm in ("ln1", "ln2")}
-    if sequence:  # pos_emb's output is (T, d): its positions are dim 0
-        plan |= {
-            "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-            "ln_f": SequenceParallel(),
-            "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0)),
-        }
-    parallelize_module(model, tp_mesh, plan)
+def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
+    """Megatron-style tensor parallelism: in each block q, k, v and the MLP's fc split by columns
+    (output features), the projections after them by rows; the head split by vocabulary, its
+    logits gathered.
 
-
-def apply_layout(model, layout, mesh, device, sequence=False):
-    """The layout around the model; returns what to call in the training loop."""
-    if layout in ("tp", "2d"):
-        tensor_parallel(model, mesh["tp"], sequence)
-    if layout in ("fsdp", "2d"):  # after TP: FSDP shards the (TP-local) parameters further over dp
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
-        # With TP the logits come out of the gather as a view, and FSDP warns in case an in-place
-        # op on them followed (it would skip FSDP's backward hook). None does: the loss only reads.
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-    if layout == "ddp":
-        return DDP(
-            model, device_ids=[device.index] if device.type == "cuda" else None, process_group=mesh.get_group("dp")
+    Per block, forward: an all-reduce after each row-parallel projection (2); backward: one for
+    the input gradient of each column-parallel layer (4: q, k, v and fc; a fused qkv would make
+    it 2). With sequence parallelism, what flows between the split layers is split by position
+    (dim 1 of B, T, d): each all-reduce becomes a reduce-scatter, and an all-gather before the
+    next split layer (apply_sp).
+    """
+    between = Shard(1) if sequence_parallel else Replicate()
+    parallelize_module(model, tp_mesh, {"head": ColwiseParallel(input_layouts=between, output_layouts=Replicate())})
+    for block in model.blocks:
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attn.q": ColwiseParallel(),
+                "attn.k": ColwiseParallel(),
+                "attn.v": ColwiseParallel(),
+                "attn.proj": RowwiseParallel(output_layouts=between),
+                "mlp.fc": ColwiseParallel(),
+                "mlp.proj": RowwiseParallel(output_layouts=between),
+            },
         )
-    return model
+    if sequence_parallel:
+        apply_sp(model, tp_mesh)
+
+
+def apply_sp(model: GPT, tp_mesh: DeviceMesh) -> None:
+    """Sequence parallelism, the layers apply_tp left whole: the embeddings' outputs and the norms
+    work on this rank's positions; attention and MLP gather the whole sequence at their input."""
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            # pos_emb's output is (T, d): its positions are dim 0.
+            "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0)),
+            "ln_f": SequenceParallel(),
+        },
+    )
+    for block in model.blocks:
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "ln1": SequenceParallel(),
+                "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "ln2": SequenceParallel(),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            },
+        )
+
+
+def apply_fsdp(model: GPT, dp_mesh: DeviceMesh) -> None:
+    """ZeRO-3 over the data-parallel ranks: each block a unit of its own (gathered for its forward
+    and backward, freed after), the embeddings, final norm and head in the root's unit."""
+    for block in model.blocks:
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    # With TP the logits come out of the gather as a view, and FSDP warns in case an in-place op on
+    # them followed (it would skip FSDP's backward hook). None does: the loss only reads them.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+
+def apply_ddp(model: GPT, dp_mesh: DeviceMesh, device: torch.device) -> DDP:
+    """Whole copies on the data-parallel ranks, gradients all-reduced in buckets during backward."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=device_ids, process_group=dp_mesh.get_group())
+
+
+def build_model(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> tuple[GPT, torch.nn.Module]:
+    """The GPT in the chosen layout: the model, and what the training loop calls (DDP's wrapper,
+    or the model itself). TP first, then FSDP over dp, which shards the TP-local parameters further."""
+    # The same initial weights in every layout: made whole from the seed, before any sharding.
+    torch.manual_seed(args.seed)
+    model = GPT(GPTConfig(), activation_checkpointing=args.activation_checkpointing).to(device)
+    if args.parallel in ("tp", "2d"):
+        apply_tp(model, mesh["tp"], args.sequence_parallel)
+    if args.parallel in ("fsdp", "2d"):
+        apply_fsdp(model, mesh["dp"])
+    if args.parallel == "ddp":
+        return model, apply_ddp(model, mesh["dp"], device)
+    return model, model
 
 
 class SavedActivations:
@@ -184,7 +202,8 @@ class SavedActivations:
         storage = local(t).untyped_storage()
         # The parameters as they are now: FSDP swaps in the whole ones only around a block's forward.
         weights = {local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
-        if storage.data_ptr() not in weights | self.storages:  # weights, or views of them, are no activations
+        # Weights, or views of them, are no activations.
+        if storage.data_ptr() not in weights | self.storages:
             self.storages.add(storage.data_ptr())
             self.bytes += storage.nbytes()
         return t
@@ -193,12 +212,22 @@ class SavedActivations:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
 
+def block_collectives(comms) -> dict:
+    """The collectives of the first block in a step CommDebugMode watched, by phase; {} if none did."""
+    if not isinstance(comms, CommDebugMode):
+        return {}
+    block = next(counts for name, counts in comms.comm_module_counts.items() if name.endswith("blocks.0"))
+    return {phase: {str(op): n for op, n in block[phase].items()} for phase in block}
+
+
 def train(args, model, step_fn, mesh, device):
-    """The training loop; returns the global mean loss of every step and this rank's memory."""
+    """The training loop; returns the global mean loss of every step, this rank's memory and the
+    collectives of one block in step 1."""
     task = AdditionTask(args.digits)
-    data = torch.Generator().manual_seed(args.seed + 1)  # every rank draws every global batch...
+    # Every rank draws every global batch, and trains on its data-parallel share of it.
+    data = torch.Generator().manual_seed(args.seed + 1)
     dp_size, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
-    per_rank = args.global_batch_size // dp_size  # ...and trains on its data-parallel share
+    per_rank = args.global_batch_size // dp_size
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     losses, memory = [], {"parameter_bytes": nbytes(model.parameters())}
     log_every = max(1, args.steps // 10)
@@ -213,25 +242,20 @@ def train(args, model, step_fn, mesh, device):
         with comms:
             with saved.hooks():
                 loss_sum, count = answer_loss_sum(step_fn(x), y)
-            global_count = count * dp_size  # every problem has as many answer digits
+            # Every problem has as many answer digits.
+            global_count = count * dp_size
             # DDP and FSDP average gradients over the dp ranks: scale so that the average is the
             # gradient of the global mean (a mean of each rank's own mean would drift).
             (loss_sum * dp_size / global_count).backward()
         if step == 0:
-            memory |= {
-                "gradient_bytes": nbytes(p.grad for p in model.parameters() if p.grad is not None),
-                "activation_bytes": saved.bytes,
-            }
-            block = (
-                {}
-                if comms.__class__ is not CommDebugMode
-                else next(counts for name, counts in comms.comm_module_counts.items() if name.endswith("blocks.0"))
-            )
-            collectives = {phase: {str(op): n for op, n in block[phase].items()} for phase in block}
+            memory["gradient_bytes"] = nbytes(p.grad for p in model.parameters() if p.grad is not None)
+            memory["activation_bytes"] = saved.bytes
+            collectives = block_collectives(comms)
         optimizer.step()
         optimizer.zero_grad()
         logged = loss_sum.detach().clone()
-        dist.all_reduce(logged, group=mesh.get_group("dp"))  # tp ranks hold the same loss: dp only
+        # The tp ranks of a group hold the same loss: summed over dp only.
+        dist.all_reduce(logged, group=mesh.get_group("dp"))
         losses.append(logged.item() / global_count)
         if dist.get_rank() == 0 and ((step + 1) % log_every == 0 or step == 0):
             sys.stdout.write(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}\n")
@@ -241,17 +265,23 @@ def train(args, model, step_fn, mesh, device):
     return losses, memory, collectives
 
 
-def main(argv=None):
+def whole_model(model: GPT) -> dict[str, torch.Tensor]:
+    """Every parameter whole (gathered from its shards), on every rank: a collective."""
+    # Gathering a 2d parameter takes two all-gathers, and DTensor warns so at every one; true, and
+    # harmless once at the end.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    return {n: p.full_tensor() if isinstance(p, DTensor) else p.detach() for n, p in model.named_parameters()}
+
+
+def main(argv=None) -> int:
     args = parse_args(argv)
     device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dp, tp = mesh_shape(args.parallel, world_size)
     mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    torch.manual_seed(args.seed)  # the same initial weights in every layout, before any sharding
-    model = GPT(GPTConfig(), activation_checkpointing=args.activation_checkpointing).to(device)
-    names = [name for name, _ in model.named_parameters()]
+    model, step_fn = build_model(args, mesh, device)
+    # A DTensor's numel() is the whole parameter's.
     total = sum(p.numel() for p in model.parameters())
-    step_fn = apply_layout(model, args.parallel, mesh, device, args.sequence_parallel)
     if rank == 0:
         sys.stdout.write(
             f"{args.parallel}: backend={dist.get_backend()} device={device.type} world_size={world_size} "
@@ -260,13 +290,11 @@ def main(argv=None):
     losses, memory, collectives = train(args, model, step_fn, mesh, device)
 
     mine = {"local_parameters": sum(local(p).numel() for p in model.parameters()), **memory}
+    # Each rank's own figures, in rank order.
     every = [None] * world_size
-    dist.all_gather_object(every, mine)  # each rank's own figures, in rank order
+    dist.all_gather_object(every, mine)
     placements = {n: str(p.placements) if isinstance(p, DTensor) else "whole" for n, p in model.named_parameters()}
-    # The whole model for final.pt. Gathering a 2d parameter takes two all-gathers, and DTensor
-    # warns so at every one; true, and harmless once at the end.
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    full = {n: p.full_tensor() if isinstance(p, DTensor) else p.detach() for n, p in zip(names, model.parameters())}
+    full = whole_model(model)
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save({n: t.cpu() for n, t in full.items()}, args.out / "final.pt")
@@ -291,9 +319,10 @@ def main(argv=None):
             f"wrote {args.out / 'metrics.json'} and final.pt; each rank stores "
             f"{metrics['local_parameters']} of {total:,} parameter elements\n"
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
-    gc.collect()  # main() has returned: free what it built on the group (DDP and FSDP models, optimizers),
-    dist.destroy_process_group()  # so the group ends now: one alive at exit can abort the process (gloo)
+    code = main()
+    teardown()
+    sys.exit(code)
