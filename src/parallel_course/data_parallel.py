@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .checks import CheckFailed, check_close, max_abs_diff
+
 Devices = Sequence[str]
 PHASES = ("replicate", "scatter", "apply", "gather", "backward", "reduce")
 OVERHEAD_PHASES = ("replicate", "scatter", "gather", "reduce")  # work a single device never does
@@ -246,6 +248,24 @@ def full_batch_step(
     loss.backward()
     grads = {n: p.grad.detach() for n, p in reference.named_parameters() if p.grad is not None}
     return outputs.detach(), loss.detach(), grads
+
+
+# --------------------------------------------------------------------------- checks for lab 02
+
+
+def check_close_or_slip(
+    what: str, got: torch.Tensor, expected: torch.Tensor, atol: float, slips: dict[str, torch.Tensor]
+) -> float:
+    """``checks.check_close``, and a FAIL that names the slip when ``got`` misses ``expected`` but
+    equals what a known slip computes (``slips``: what the slip is -> what it gives)."""
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and not max_abs_diff(got, expected) <= atol:
+        for slip, value in slips.items():
+            if max_abs_diff(got, value) <= atol:
+                raise CheckFailed(
+                    f"FAIL {what}: that is {slip}; max |difference| from the expected = "
+                    f"{max_abs_diff(got, expected):.3g}, tolerance {atol:g}"
+                )
+    return check_close(what, got, expected, atol)
 
 
 # --------------------------------------------------------------------------- what it costs
