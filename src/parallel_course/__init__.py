@@ -8,16 +8,21 @@ Small modules, each doing what its name says:
 - ``costmodel``      predicted step time and speedup of data-parallel training (01)
 - ``data_parallel``  DataParallel's steps re-enacted on threads (02)
 - ``collectives``    ring and naive all-reduce simulated step by step, bytes counted (03)
-- ``perf``           bandwidths, the alpha-beta fit, efficiency, overlap; threads that computed,
-                     bytes saved for backward; reading and plotting benchmarks (06a-06c)
+- ``bandwidth``      algorithm and bus bandwidth, the alpha-beta fit, the slowest rank's median (06a)
+- ``scaling``        speedup, efficiency, overlap; the rows of a scaling benchmark (06b)
+- ``resource_use``   threads that computed; bytes saved for backward (06a, 06c)
+- ``profiler_traces`` steps, computation and all-reduces read from a profiler trace (06c)
+- ``bench_plots``    the plots of the benchmarks (06a, 06b)
 - ``model_parallel`` pipeline schedules as data (GPipe, 1F1B), bubble, stage splitting (07a)
+- ``schedule_checks`` a pipeline schedule's properties checked, each slip named (lab 07a)
 - ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
 - ``gpt``            a small GPT and an addition task made by the course (11, 12)
 - ``input_pipeline`` data sets and timers for feeding a training step (11b)
 - ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
 - ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it
 - ``checks``         clear verdicts for lab check cells
-- ``scriptdiff``     what a notebook's %%writefile cells write; the lines a step changed (04, 09)
+- ``scriptdiff``     what a notebook's %%writefile cells write; a step's change as a diff (04, 09)
+- ``excerpts``       the functions of a long script that a lecture shows; scripts copied to work/
 - ``explorers``      ipywidgets explorers over the functions above, one pattern (``explorers.base``),
                      one module each: placement (00), cost_model (01), ring (03), pipeline (07a),
                      zero (08), layout_memory (11)

@@ -5,6 +5,7 @@ script (``%%writefile``) cannot raise; the check cell that launches the script r
 NotImplementedError for it (``parallel_course.launch.torchrun``).
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,17 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from helpers import load_script
 from labgen import is_solution_cell
+from parallel_course.launch import run_bounded
+
+# Runs every lab notebook and launches their checkers: handed out after the notebooks.
+pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[2]
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+LEAK_SEARCH = Path(__file__).with_name("lab_leaks.py")
 
 
 def test_labs_are_what_the_generator_makes():
@@ -110,3 +118,80 @@ def test_no_lab_answer_is_shown_outside_solutions():
                             f"e.g. {hits[0]!r}"
                         )
     assert not leaks, "\n".join(leaks)
+
+
+# Lab 07a as it once was: 1F1B's order, checked against orders written out by hand. The package's
+# one_f_one_b_orders answers it under another name; the leak search must say so.
+OLD_LAB_07A = [
+    "from parallel_course.checks import check_equal",
+    """def one_f_one_b(n_stages, n_microbatches):
+    ### BEGIN SOLUTION
+    p, m = n_stages, n_microbatches
+    orders = []
+    for stage in range(p):
+        warmup = min(p - 1 - stage, m)
+        order = [("F", i) for i in range(warmup)]
+        for i in range(m - warmup):
+            order += [("F", warmup + i), ("B", i)]
+        order += [("B", i) for i in range(m - warmup, m)]
+        orders.append(order)
+    return orders
+    ### END SOLUTION""",
+    """# check it
+F, B = "F", "B"
+check_equal("2 stages, 3 micro-batches", one_f_one_b(2, 3),
+            [[(F, 0), (F, 1), (B, 0), (F, 2), (B, 1), (B, 2)], [(F, 0), (B, 0), (F, 1), (B, 1), (F, 2), (B, 2)]])
+check_equal("3 stages, 2 micro-batches", one_f_one_b(3, 2),
+            [[(F, 0), (F, 1), (B, 0), (B, 1)]] * 2 + [[(F, 0), (B, 0), (F, 1), (B, 1)]])""",
+]
+
+
+def _planted_answers(solution: Path, into: Path) -> Path:
+    """A module holding a solution's answers, each renamed: what an importable answer looks like."""
+    leaks = load_script(LEAK_SEARCH)
+    cells = leaks.code_cells(solution)
+    code = [a["definition"].replace(f"{a['name']}(", f"planted_{a['name']}(", 1) for a in leaks.answers(cells)]
+    path = into / "planted_answers.py"
+    path.write_text("\n\n\n".join(code) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def leak_search(tmp_path_factory):
+    """One search (tests/course/lab_leaks.py) over every solution, with two that must be caught: a
+    module planted on the path with lab 07a's answers under other names, and lab 07a's old task."""
+    tmp = tmp_path_factory.mktemp("leaks")
+    old = {"cells": [{"cell_type": "code", "source": c} for c in OLD_LAB_07A]}
+    (tmp / "old_lab07a.ipynb").write_text(json.dumps(old))
+    planted = _planted_answers(ROOT / "solutions" / "lab07_pipeline_schedule.ipynb", tmp)
+    (tmp / "work").mkdir()
+    command = [sys.executable, str(LEAK_SEARCH), "--work", str(tmp / "work"), "--plant", str(planted)]
+    result = run_bounded([*command, *map(str, SOLUTIONS), str(tmp / "old_lab07a.ipynb")], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    print(f"leak search: {report['import_seconds']} s to import, {report['seconds']} s in all", report["lab_seconds"])
+    return report
+
+
+def test_no_importable_function_passes_a_labs_check(leak_search):
+    """No function or class that a lab can import (the package, scripts/) passes a lab's in-kernel
+    checks in place of the student's answer, whatever its name."""
+    leaks, unchecked = [], []
+    for solution in SOLUTIONS:
+        for name, entry in leak_search["labs"][solution.name].items():
+            if not entry["checked"]:
+                unchecked.append(f"{solution.stem}.{name}: {entry['why']}")
+            passed = [label for label in entry["passed"] if not label.startswith("planted:")]
+            leaks += [f"{solution.name}: {label} passes the checks of {name}" for label in passed]
+    print("answers checked only by launches (the text comparison covers them):", *unchecked, sep="\n  ")
+    lab07 = leak_search["labs"]["lab07_pipeline_schedule.ipynb"]
+    assert all(lab07[name]["checked"] and lab07[name]["candidates"] for name in ("budget_orders", "step_slots"))
+    assert not leaks, "\n".join(leaks)
+
+
+def test_the_leak_search_finds_an_importable_answer(leak_search):
+    lab07 = leak_search["labs"]["lab07_pipeline_schedule.ipynb"]
+    for name in ("budget_orders", "step_slots"):
+        assert f"planted:planted_answers.py:planted_{name}" in lab07[name]["passed"], lab07[name]
+    old = leak_search["labs"]["old_lab07a.ipynb"]["one_f_one_b"]
+    assert "parallel_course.model_parallel:one_f_one_b_orders" in old["passed"], old

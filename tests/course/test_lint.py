@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Cheap checks of the whole checkout: handed out first, so that a lint error shows in seconds.
+pytestmark = pytest.mark.first
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

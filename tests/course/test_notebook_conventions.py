@@ -40,39 +40,91 @@ def test_lecture_opens_and_closes_the_course_way(path):
     assert cells[-1].source.startswith("## What you have now")
 
 
-# One lecture per sitting: at most about 450 lines of code (non-blank lines of its code cells that are
-# not comments: a comment on its own line explains, and costs the reader no code), and no code cell
-# longer than a screen and a half (a long script is written in parts: %%writefile, then %%writefile -a).
-MAX_CELL_LINES = 100
+# A reader never scrolls a wall of code without a sentence. A lecture holds at most about 450 lines
+# of code, and at most about 60 between two cells of prose. A line of code is a non-blank line of a
+# code cell that is not a comment (a comment on its own line explains, and costs the reader no
+# code), or a line of code a cell prints: a script's functions, a diff, a file's lines.
+MAX_RUN_LINES = 60
 MAX_LECTURE_CODE_LINES = 450
+# What prints code: the course's excerpt and diff helpers, and a shell command that prints a file.
+PRINTS_CODE = re.compile(r"(?<![\w.])(show|show_changes)\(|^!(cat|head|tail|sed) ", re.M)
+WORD = re.compile(r"[A-Za-z][\w'’-]*")
 
 
-def code_lines(path):
-    cells = nbformat.read(path, as_version=4).cells
-    return sum(
-        1
-        for c in cells
-        if c.cell_type == "code"
-        for line in c.source.splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    )
+def is_code(line: str) -> bool:
+    text = line.strip()
+    return bool(text) and not text.startswith("#") and not text.startswith("%%writefile")
+
+
+def printed(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+
+
+def cell_code_lines(cell) -> int:
+    lines = sum(map(is_code, cell.source.splitlines()))
+    if PRINTS_CODE.search(cell.source):
+        lines += sum(map(is_code, printed(cell).splitlines()))
+    return lines
+
+
+def says_something(cell) -> bool:
+    """A markdown cell with a sentence in it: a heading, a table or a link alone says nothing about
+    the code that follows."""
+    for line in cell.source.splitlines():
+        text = line.strip()
+        if text.startswith(("#", "|")):
+            continue
+        if len(WORD.findall(text)) >= 8:
+            return True
+    return False
+
+
+def code_runs(path) -> list[tuple[int, str]]:
+    """(lines, where) for every run of code cells between two cells of prose."""
+    runs, lines, first = [], 0, None
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code":
+            first = first or cell.source[:60].replace("\n", " | ")
+            lines += cell_code_lines(cell)
+        elif says_something(cell) and lines:
+            runs.append((lines, first))
+            lines, first = 0, None
+    return runs + ([(lines, first)] if lines else [])
 
 
 @pytest.mark.parametrize("path", LECTURES, ids=[p.stem for p in LECTURES])
 def test_lecture_fits_one_sitting(path):
-    lines = code_lines(path)
+    lines = sum(cell_code_lines(c) for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
     assert lines <= MAX_LECTURE_CODE_LINES, f"{path.name}: {lines} lines of code, over {MAX_LECTURE_CODE_LINES}"
 
 
+@pytest.mark.parametrize("path", LECTURES, ids=[p.stem for p in LECTURES])
+def test_no_wall_of_code_without_a_sentence(path):
+    walls = [f"{lines} lines from: {first}" for lines, first in code_runs(path) if lines > MAX_RUN_LINES]
+    assert not walls, f"{path.name}: code without a sentence between (at most {MAX_RUN_LINES}):\n" + "\n".join(walls)
+
+
+def test_the_wall_check_counts_what_a_cell_prints_and_wants_a_sentence(tmp_path):
+    """The checks above check the reader's view: printed code counts, a heading is no prose."""
+    code = "\n".join(f"x{i} = {i}" for i in range(40))
+    shown = nbformat.v4.new_code_cell('show("../scripts/s.py", "f")')
+    shown.outputs = [nbformat.v4.new_output("stream", text="\n".join(f"y{i} = {i}" for i in range(30)))]
+    cells = [nbformat.v4.new_code_cell(code), nbformat.v4.new_markdown_cell("## A heading only"), shown]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+    assert [lines for lines, _ in code_runs(path)] == [40 + 1 + 30]
+    cells.insert(1, nbformat.v4.new_markdown_cell("The function below prints what each rank holds, in rank order."))
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+    assert [lines for lines, _ in code_runs(path)] == [40, 1 + 30]
+
+
 @pytest.mark.parametrize("path", ALL, ids=[f"{p.parent.name}/{p.stem}" for p in ALL])
-def test_no_code_cell_over_a_screen(path):
+def test_no_code_cell_reads_another_notebook(path):
+    """A notebook's code stands on its own files (scripts/, work/), never on another notebook."""
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type == "code":
-            n = len(cell.source.splitlines())
-            assert n <= MAX_CELL_LINES, (
-                f"{path.name}: a code cell of {n} lines (at most {MAX_CELL_LINES}; write a script in parts with "
-                f"%%writefile -a):\n{cell.source[:200]}"
-            )
+            named = set(re.findall(r"[\w./-]+\.ipynb", cell.source)) - {path.name}
+            assert not named, f"{path.name} reads {sorted(named)}:\n{cell.source[:200]}"
 
 
 @pytest.mark.parametrize("path", ALL, ids=[f"{p.parent.name}/{p.stem}" for p in ALL])
@@ -85,7 +137,12 @@ def test_notebook_runs_on_its_own(path):
     provided = set(scripts) | {
         name for source in cells for name in re.findall(r"copy\([^)]*?(\w+\.py)[\"'], [\"']work/", source)
     }
+    for source in cells:
+        for call in re.findall(r"copy_scripts\(([^)]*)\)", source):
+            provided |= set(re.findall(r"(\w+\.py)", call))
     needed = {name for source in cells for name in re.findall(r"\bwork/(\w+\.py)\b", source)}
     for versions in scripts.values():  # imports of a script beside it, the course's chapter scripts
-        needed |= {m + ".py" for m in re.findall(r"^(?:from|import) ((?:c\d\d|train|bench)_\w+)", versions[-1], re.M)}
+        needed |= {
+            m + ".py" for m in re.findall(r"^(?:from|import) ((?:c\d\d|train|bench|dist)_\w+)", versions[-1], re.M)
+        }
     assert needed <= provided, f"{path.name} needs {sorted(needed - provided)} in work/ but does not write them"

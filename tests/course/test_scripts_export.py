@@ -5,8 +5,9 @@ import re
 import shutil
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
+
+import nbformat
 
 from parallel_course.launch import run_bounded
 
@@ -43,73 +44,60 @@ def test_every_tool_is_described_in_its_readme_and_none_is_left_in_scripts():
         assert not (ROOT / "scripts" / path.name).exists(), f"{path.name} is an authoring tool: tools/ only"
 
 
-# One way to join the process group. Chapters 00, 03 and 04 teach it (inline, torchrun only, then
-# with mp.spawn), train_ddp.py grows its own (a group of one in memory, a store per restart), and
-# chapters 09-10 show the store and the node by hand; every other script that joins a group
-# carries the canonical `free_port()` + `setup()` of c05_ddp_internals.py, verbatim (scripts/README.md).
-OWN_SETUP = {
-    "hello_allreduce.py": "00: the first script, inline and commented",
-    "c03_torchrun_environment.py": "03 teaches the block, under torchrun only",
-    "c03_spawn_worker.py": "03: mp.spawn meets through tcp://",
-    "c04_each_rank_holds.py": "04: two emulated nodes, the environment by hand",
-    "c04_mp_spawn.py": "04: mp.spawn sets the environment itself",
-    "train_ddp.py": "04, 09: a group of one in memory, a store per restart",
-    "c09_failures.py": "09: stores by hand (the stale-store demo)",
-    "c10_multi_node_ranks.py": "10: requires torchrun's node variables",
-}
+# One way to join the process group: scripts/dist_setup.py, written where chapter 04 teaches it.
+# Chapters 00-04 may build the block by hand (that is their lesson); after them nothing defines it
+# again: no setup() or free_port() of its own in a script, a lecture or a lab.
+SETUP_MODULE = "dist_setup.py"
+SETUP_FUNCTIONS = re.compile(r"^\s*def (setup|free_port|pick_device)\(", re.M)
 
 
-def _functions(path):
-    source = path.read_text()
+def chapters_writing(name: str) -> set[str]:
+    """The chapters (00, 03, 11b, ...) whose lecture notebooks write script ``name``."""
+    from parallel_course.scriptdiff import written_scripts
+
     return {
-        node.name: ast.get_source_segment(source, node)
-        for node in ast.parse(source).body
-        if isinstance(node, ast.FunctionDef)
+        notebook.name.split("_")[0]
+        for notebook in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+        if name in written_scripts(notebook)
     }
 
 
-def test_every_script_joins_the_group_with_the_one_setup_block():
+def taught_by_hand(chapter: str) -> bool:
+    """Chapters up to 04 build the setup in front of the reader; 04 writes the module itself."""
+    return int(chapter[:2]) <= 4
+
+
+def test_the_setup_module_is_written_where_chapter_04_teaches_it():
+    assert chapters_writing(SETUP_MODULE) == {"04"}
+
+
+def test_after_chapter_04_nothing_defines_the_setup_again():
     from parallel_course.scriptdiff import written_scripts
 
-    chapters = defaultdict(set)  # script -> the chapters whose notebooks write it
-    for notebook in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
-        for name in written_scripts(notebook):
-            chapters[name].add(notebook.name.split("_")[0])
-    canonical = _functions(ROOT / "scripts" / "c05_ddp_internals.py")
-    canonical = {name: canonical[name] for name in ("free_port", "setup")}
-    users = []
+    places = {}
     for path in sorted((ROOT / "scripts").glob("*.py")):
-        text = path.read_text()
-        if found := re.search(r"^from (c\d\d_\w+|train_\w+) import .*\bsetup\b", text, re.M):
-            # A chapter's later scripts may import the block from its first one, beside them (03, 05, 08,
-            # 11): the canonical one, or the one chapter 03 teaches.
-            source = found.group(1) + ".py"
-            assert chapters[source] & chapters[path.name], (
-                f"scripts/{path.name} imports setup() from another chapter's {source}"
-            )
-            assert source in OWN_SETUP or _functions(ROOT / "scripts" / source).get("setup") == canonical["setup"], (
-                source
-            )
-            assert "init_process_group" not in text, f"scripts/{path.name}: imports setup(), joins by hand"
-            users.append(path.name)
-            continue
-        if "init_process_group" not in text or path.name in OWN_SETUP:
-            continue
-        users.append(path.name)
-        functions = _functions(path)
-        for name, body in canonical.items():
-            assert functions.get(name) == body, (
-                f"scripts/{path.name}: {name}() differs from the canonical block in c05_ddp_internals.py "
-                f"(copy it verbatim, or list the script in OWN_SETUP with the reason)"
-            )
-    assert len(users) >= 8, users  # the rule covers the chapter scripts, not a handful
-    assert set(OWN_SETUP) <= {p.name for p in (ROOT / "scripts").glob("*.py")}
+        chapters = chapters_writing(path.name)
+        if path.name != SETUP_MODULE and not (chapters and all(map(taught_by_hand, chapters))):
+            places[f"scripts/{path.name}"] = path.read_text()
+    for folder in ("notebooks", "solutions"):
+        for notebook in sorted((ROOT / folder).glob("*.ipynb")):
+            chapter = re.search(r"(\d\d[a-z]?)_", notebook.name).group(1)
+            if taught_by_hand(chapter):
+                continue
+            cells = nbformat.read(notebook, as_version=4).cells
+            places[f"{folder}/{notebook.name}"] = "\n".join(c.source for c in cells if c.cell_type == "code")
+            for name, versions in written_scripts(notebook).items():
+                places[f"{folder}/{notebook.name}: {name}"] = versions[-1]
+    own = [f"{where}: def {m.group(1)}()" for where, text in places.items() for m in SETUP_FUNCTIONS.finditer(text)]
+    assert not own, f"defined again (import it from {SETUP_MODULE}):\n" + "\n".join(own)
+    joining = [where for where, text in places.items() if "from dist_setup import" in text]
+    assert len(joining) >= 15, joining  # the rule covers the course's scripts, not a handful
 
 
 # Where a script may leave its group other than in its __main__ block, and why.
 LEAVES_ELSEWHERE = {
     "c03_spawn_worker.py": "03: an mp.spawn worker function; its process ends when it returns",
-    "c04_mp_spawn.py": "04: an mp.spawn worker around train_ddp.main()",
+    "c04_mp_spawn.py": "04: an mp.spawn worker around c04_train_ddp.main()",
     "c04_each_rank_holds.py": "04: a script without functions",
     "bench_scaling.py": "06b: leaves its group before it launches its comparison runs",
 }
@@ -125,21 +113,31 @@ def course_scripts():
     return found
 
 
+def in_main_block(node, parents) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return True
+    return False
+
+
 def test_every_script_leaves_its_group_after_freeing_what_holds_it():
     """A gloo group still alive at interpreter exit aborts a finished job now and then: a worker
     thread frees the last collective's tensors while Python shuts down ("terminate called without
     an active exception"). DDP, FSDP and tensors of collectives keep a group alive past
     destroy_process_group(), so a script leaves it once main() has returned, right after
-    gc.collect(); main() returns its exit code instead of calling sys.exit (which would skip both)."""
+    gc.collect() (dist_setup.teardown() does both); main() returns its exit code instead of calling
+    sys.exit (which would skip the __main__ block's teardown)."""
     checked = []
     for name, text in course_scripts().items():
-        if "destroy_process_group" not in text and "init_process_group" not in text and "setup()" not in text:
+        if not re.search(r"init_process_group|destroy_process_group|setup\(\)|teardown\(\)", text):
             continue
         tree = ast.parse(text)
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        teardowns = [c for c in calls if ast.unparse(c.func) == "teardown"]
         destroys = [c for c in calls if ast.unparse(c.func).endswith("destroy_process_group")]
-        assert destroys, f"{name}: joins a process group but never leaves it"
+        assert teardowns or destroys, f"{name}: joins a process group but never leaves it"
         for call in destroys:
             statement = parents[call]
             block = next(
@@ -149,14 +147,17 @@ def test_every_script_leaves_its_group_after_freeing_what_holds_it():
             )
             before = block[block.index(statement) - 1] if block.index(statement) else None
             assert before is not None and ast.unparse(before) == "gc.collect()", (
-                f"{name}: destroy_process_group() without gc.collect() just before it"
+                f"{name}: destroy_process_group() without gc.collect() just before it (or call teardown())"
             )
-            ancestors, node = [], statement
-            while node in parents:
-                node = parents[node]
-                ancestors.append(node)
-            in_main_block = any(isinstance(a, ast.If) and "__main__" in ast.unparse(a.test) for a in ancestors)
-            assert in_main_block or name in LEAVES_ELSEWHERE, (
+        # The one place that leaves a group for the scripts beside it: a teardown() function.
+        inside_teardown = {
+            call
+            for function in ast.walk(tree)
+            if isinstance(function, ast.FunctionDef) and function.name == "teardown"
+            for call in ast.walk(function)
+        }
+        for call in teardowns + [c for c in destroys if c not in inside_teardown]:
+            assert in_main_block(call, parents) or name in LEAVES_ELSEWHERE, (
                 f"{name}: leaves its group inside a function, while what main() built may still hold it "
                 f"(leave it in the __main__ block, or list the script in LEAVES_ELSEWHERE with the reason)"
             )

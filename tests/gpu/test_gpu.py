@@ -31,7 +31,6 @@ launcher and its workers together); torchrun --standalone picks a free port each
 import copy
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -42,15 +41,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers import report_differences
+from helpers import TORCHRUN, job_command, launch, report_differences
 from parallel_course import data_parallel as dp
 from parallel_course import machine
 from parallel_course.input_pipeline import host_to_device_seconds
-from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 CUDA = torch.cuda.is_available()
 GPUS = torch.cuda.device_count() if CUDA else 0
@@ -82,35 +79,12 @@ def needs_gpus(n: int):
     return mark
 
 
-def launch(cmd: list, cwd: Path, timeout: float, **extra_env) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in ``cwd`` as a fresh job would (no inherited rank variables), bounded."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra_env}
-    for var in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RESTART_COUNT",
-        "TORCH_DISTRIBUTED_DEBUG",
-    ):
-        if var not in extra_env:
-            env.pop(var, None)
-    try:
-        return run_bounded([str(c) for c in cmd], timeout=timeout, cwd=cwd, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(
-            f"{' '.join(map(str, cmd))} did not finish within {timeout} s; its last words:\n{(e.stderr or '')[-3000:]}"
-        )
-
-
 def torchrun(nproc: int, script, *args, cwd: Path, timeout: float = 240, **extra_env):
-    return launch([TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, *args], cwd, timeout, **extra_env)
+    return launch(job_command(script, nproc, *args), cwd, timeout, **extra_env)
 
 
 def python(script, *args, cwd: Path, timeout: float = 240, **extra_env):
-    return launch([sys.executable, script, *args], cwd, timeout, **extra_env)
+    return launch(job_command(script, None, *args), cwd, timeout, **extra_env)
 
 
 def ok(result: subprocess.CompletedProcess) -> str:
@@ -536,6 +510,7 @@ SCRIPTS_AT_EVERY_GPU = [
     ("c03_send_recv.py",),
     ("c03_collectives.py", "--out", "."),
     ("c03_ring_allreduce.py", "--repeats", "1"),
+    ("c04_train_ddp.py", "--epochs", "2", "--out", "out"),
     ("c05_ddp_internals.py",),
     ("c05_controlling_sync.py",),
     ("c05_uneven_inputs.py",),
@@ -865,8 +840,10 @@ def test_launch_outputs_compare_across_devices():
 def test_the_lane_covers_every_notebook_and_script():
     """Every lecture and solution notebook runs on the GPUs, and every script a user runs with torchrun
     at any count runs at every GPU: all of scripts/ but a busy loop, one-process training, the
-    mp.spawn launchers, and the node and failure demos, which their own tests launch as they must be."""
+    mp.spawn launchers, and the node and failure demos, which their own tests launch as they must be
+    (and the setup module, which every script imports and none runs)."""
     launched_by_hand = {
+        "dist_setup.py",
         "c03_gil_busy_loop.py",
         "c03_spawn_worker.py",
         "c04_mp_spawn.py",
