@@ -71,7 +71,9 @@ def train(model, optimizer, batches):
     losses = []
     for x, y in batches:
         optimizer.zero_grad()
-        loss = F.mse_loss(model(x), y)
+        # The loss in float32, whatever the model computes in: CUDA's mse_loss cannot take a
+        # bfloat16 output and a float32 target through backward (the CPU promotes them).
+        loss = F.mse_loss(model(x).float(), y)
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())

@@ -228,7 +228,10 @@ def train(args, model, step_fn, mesh, device):
     data = torch.Generator().manual_seed(args.seed + 1)
     dp_size, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
     per_rank = args.global_batch_size // dp_size
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    # On a GPU, AdamW updates every parameter in one foreach kernel, which cannot mix DTensors with
+    # plain tensors: in the tp layout the embeddings and norms stay plain beside the sharded weights.
+    mixed = len({isinstance(p, DTensor) for p in model.parameters()}) > 1
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False if mixed else None)
     losses, memory = [], {"parameter_bytes": nbytes(model.parameters())}
     log_every = max(1, args.steps // 10)
     # The module hooks that count collectives (step 1, below) warn that the token ids need no gradient.
