@@ -3,21 +3,28 @@
 #   make test       create .venv if missing, install, run the whole test suite
 # On a machine with NVIDIA GPUs, also:
 #   make test-gpu   only the GPU tests (nccl, cuda): they skip, saying why, without enough GPUs
-# Everything else here is for authors and instructors.
+# Everything else here is for authors and instructors:
+#   make site       the course as a website that works offline: build/site/index.html
+#   make grade      the labs as an nbgrader course in build/grading: generate the student versions,
+#                   autograde the submissions in SUBMISSIONS (default: a demo, each solution and each
+#                   lab untouched) with the labs' check cells as tests, and write HTML feedback
+#                   (make grade SUBMISSIONS=dir LABS="lab02_manual_data_parallel ..."; tools/grade.py)
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The instructor tools (nbgrader; pyproject's optional group `instructor`), in the same venv.
+INSTRUCTOR := $(VENV)/.installed-instructor
 # Notebooks call `!torchrun`: make the venv's tools the ones found first.
 export PATH := $(abspath $(BIN)):$(PATH)
 # Keep the course's pip quiet about its own version; never ask questions.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test test-gpu slides labs scripts outputs check-python clean help
+.PHONY: lab test test-gpu slides site labs grade scripts outputs check-python clean help
 
 help:
-	@sed -n '2,7p' Makefile
+	@sed -n '2,12p' Makefile
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null || { \
@@ -35,6 +42,20 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	  @jupyterlab/apputils-extension:announcements >/dev/null 2>&1
 	@touch $@
 
+# make test and the instructor targets: the course plus the instructor group. nbgrader brings its
+# JupyterLab menus and server extensions, and the notebook package its "open in" buttons: all off
+# in the course's environment, so that make lab shows a student the same JupyterLab either way.
+# An instructor who wants nbgrader's formgrader turns them on (README: grading the labs).
+$(INSTRUCTOR): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[instructor]'
+	@# Their chatter only when they fail.
+	@out=$$($(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader \
+	  @jupyter-notebook/lab-extension 2>&1) || { echo "$$out"; exit 1; }
+	@out=$$($(BIN)/jupyter server extension disable --sys-prefix nbgrader.server_extensions.formgrader \
+	  nbgrader.server_extensions.assignment_list nbgrader.server_extensions.course_list \
+	  nbgrader.server_extensions.validate_assignment 2>&1) || { echo "$$out"; exit 1; }
+	@touch $@
+
 lab: $(STAMP)
 	@TOKEN=$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(24))'); \
 	PORT=$$($(BIN)/python -c 'import socket; s = socket.socket(); \
@@ -47,7 +68,7 @@ lab: $(STAMP)
 
 # Two workers (pytest-xdist): tests/harness/units_of_work.py says how the work is split and why;
 # --no-loadscope-reorder keeps the order it hands the work out in (cheap first).
-test: $(STAMP)
+test: $(INSTRUCTOR)
 	$(BIN)/python -m pytest -n auto --no-loadscope-reorder
 
 # The nccl paths the CPU suite cannot reach (tests/gpu/test_gpu.py; -rs prints why a test skipped).
@@ -61,9 +82,18 @@ slides: $(STAMP)
 	$(BIN)/python tools/make_slides.py
 	@echo "Open build/slides/index.html in a browser."
 
-# Authors: regenerate labs/ from solutions/ (tests fail when they drift).
-labs: $(STAMP)
+# Everyone: the course as a static website in build/site/ (lectures with their outputs, labs,
+# MISTAKES, the decks), readable offline and ready for any static web server.
+site: $(STAMP)
+	$(BIN)/python tools/make_site.py
+
+# Authors: regenerate labs/ from solutions/ with nbgrader's generate step (tests fail when they drift).
+labs: $(INSTRUCTOR)
 	$(BIN)/python tools/make_labs.py
+
+# Instructors: see the top of this file. The course folder is made afresh each time.
+grade: $(INSTRUCTOR)
+	$(BIN)/python tools/grade.py $(if $(SUBMISSIONS),--submissions $(SUBMISSIONS)) $(if $(LABS),--labs $(LABS))
 
 # Authors: export scripts/ from the notebooks' last %%writefile cells (tests fail when they drift).
 scripts: $(STAMP)

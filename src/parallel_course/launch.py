@@ -85,7 +85,7 @@ class LaunchFailed(RuntimeError):
     """A torchrun launch exited with an error; the message ends with the workers' last lines."""
 
 
-# What tools/labgen.py leaves where a lab's answer goes.
+# What nbgrader's generate step (make labs) leaves where a lab's answer goes.
 STUB = re.compile(r"# YOUR CODE HERE[ \t]*\n[ \t]*raise NotImplementedError\(\)")
 
 

@@ -199,6 +199,8 @@ def test_a_student_runs_a_notebook_in_jupyterlab(jupyterlab):
         page.on("request", lambda r: None if is_local(r.url) else outside.append(r.url))
         notebook = open_and_run_all(page, base, token, NOTEBOOK)
 
+        # The students' JupyterLab: no instructor menu, even after make test installed nbgrader.
+        expect(page.get_by_role("menuitem", name="Nbgrader")).to_have_count(0)
         # Printed output, and the output of a `!torchrun` cell.
         expect(notebook.locator(".jp-OutputArea-output").first).to_be_visible()
         expect(notebook.get_by_text("OK: every rank holds the sum").first).to_be_visible()

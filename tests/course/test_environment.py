@@ -60,3 +60,32 @@ def test_jupyterlab_opens_without_a_news_toast_in_the_course_venv():
     assert config.exists(), f"{config} is missing: run make again"
     disabled = json.loads(config.read_text()).get("disabledExtensions", {})
     assert disabled.get("@jupyterlab/apputils-extension:announcements") is True
+
+
+def test_jupyterlab_shows_no_grading_menus_in_the_course_venv():
+    """``make test`` installs the instructor group (nbgrader) into the venv ``make lab`` starts: its
+    JupyterLab menus, the notebook package's "open in" buttons and nbgrader's server extensions are
+    off there, so that a student's JupyterLab is the same after ``make test`` (the Makefile)."""
+    import sys
+
+    from jupyter_server.config_manager import BaseJSONConfigManager
+    from jupyterlab_server.config import get_static_page_config
+
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.skip("not the course's .venv (made by make): nothing of ours to check")
+    disabled = get_static_page_config(level="sys_prefix").get("disabledExtensions", {})
+    assert disabled.get("@jupyter/nbgrader") is True and disabled.get("@jupyter-notebook/lab-extension") is True
+    config = BaseJSONConfigManager(config_dir=str(Path(sys.prefix) / "etc" / "jupyter")).get("jupyter_server_config")
+    extensions = config.get("ServerApp", {}).get("jpserver_extensions", {})
+    nbgrader = {name: on for name, on in extensions.items() if name.startswith("nbgrader")}
+    assert nbgrader and not any(nbgrader.values()), nbgrader
+
+
+def test_the_instructor_group_stays_out_of_the_students_installs():
+    """nbgrader is in pyproject's optional group (make test installs it), not in the dependencies
+    make lab and environment.yml install."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    instructor = [normalise(d) for d in data["project"]["optional-dependencies"]["instructor"]]
+    assert "nbgrader==0.9.6" in instructor
+    students = set(map(normalise, pyproject_deps())) | set(map(normalise, environment_pip_deps()))
+    assert not students & set(instructor)

@@ -1,21 +1,23 @@
-"""Labs are generated from solutions, and each lab stops only where the student has work to do.
+"""Labs are what nbgrader's generate step makes of the solutions, and an untouched lab stops only
+where the student has work to do, and scores zero.
 
-A solution cell of a lab raises NotImplementedError when run. A solution cell that writes a
-script (``%%writefile``) cannot raise; the check cell that launches the script raises
+Every lab of labs/ is handed in untouched and autograded by nbgrader (tools/nbgrader_course.py), as
+make grade does: each runs in a folder of its own, its check cells (first line ``# check it``) as
+the tests. A solution cell of a lab raises NotImplementedError when run. A solution cell that
+writes a script (``%%writefile``) cannot raise; the check cell that launches the script raises
 NotImplementedError for it (``parallel_course.launch.torchrun``).
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from helpers import load_script
-from labgen import is_solution_cell
+from make_labs import drift, student_versions
+from nbgrader_course import CHECK, CHECK_POINTS, answer_cells, autograde, check_cells, grades, notebook_path, submit
 from parallel_course.launch import run_bounded
 
 # Runs every lab notebook and launches their checkers: handed out after the notebooks.
@@ -25,13 +27,27 @@ ROOT = Path(__file__).resolve().parents[2]
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 LEAK_SEARCH = Path(__file__).with_name("lab_leaks.py")
+STUDENT = "untouched"
 
 
-def test_labs_are_what_the_generator_makes():
-    result = subprocess.run(
-        [sys.executable, "tools/make_labs.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """nbgrader's course, generated as make labs generates it, with every lab of labs/ handed in
+    untouched and autograded: (the course folder, the student versions make labs would write, the
+    scores of the graded cells)."""
+    folder = tmp_path_factory.mktemp("course")
+    expected = student_versions(folder)
+    for lab in LABS:
+        submit(folder, STUDENT, lab.stem, lab)
+    # Today about a minute for all of them; each cell is bounded too (tools/nbgrader_config.py).
+    autograde(folder, timeout=600)
+    return folder, expected, grades(folder)
+
+
+def test_labs_are_what_the_generator_makes(course):
+    stale, orphans = drift(course[1])
+    assert not stale, f"labs drifted from solutions (run: make labs): {[p.name for p in stale]}"
+    assert not orphans, f"labs without a solution: {[p.name for p in orphans]}"
 
 
 def test_every_solution_has_a_lab():
@@ -40,17 +56,14 @@ def test_every_solution_has_a_lab():
 
 
 @pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
-def test_lab_stops_only_at_not_implemented(lab):
-    nb = nbformat.read(lab, as_version=4)
-    NotebookClient(
-        nb, timeout=60, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(lab.parent)}}
-    ).execute()
+def test_lab_stops_only_at_not_implemented(lab, course):
+    nb = nbformat.read(notebook_path(course[0] / "autograded", STUDENT, lab.stem), as_version=4)
 
     def error(cell):
         return next((o for o in cell.get("outputs", []) if o.output_type == "error"), None)
 
     code = [c for c in nb.cells if c.cell_type == "code"]
-    todo = [c for c in code if is_solution_cell(c)]
+    todo = [c for c in answer_cells(nb) if c.cell_type == "code"]
     assert todo, "a lab needs at least one cell for the student to complete"
     for cell in todo:
         if cell.source.startswith("%%writefile"):
@@ -65,6 +78,16 @@ def test_lab_stops_only_at_not_implemented(lab):
         f"the first error must be the student's NotImplementedError, but this cell failed "
         f"with {error(first).ename}: {error(first).evalue}\n{first.source}"
     )
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_every_check_is_graded_and_an_untouched_lab_scores_zero(lab, course):
+    nb = nbformat.read(lab, as_version=4)
+    checks = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(CHECK)]
+    assert checks, f"no code cell starts with {CHECK!r}: the lab has nothing to grade"
+    assert check_cells(nb) == checks, f"the graded cells are not the cells that start with {CHECK!r}"
+    scored = course[2][STUDENT, lab.stem]
+    assert scored == {c.metadata.nbgrader.grade_id: (0, CHECK_POINTS) for c in checks}
 
 
 def _solution_regions(source):
