@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .checks import CheckFailed
+from .checks import failure
 from .model_parallel import Op, grid, makespan, timeline
 
 KINDS = ("F", "B")
@@ -146,12 +146,14 @@ def held_per_stage(orders: Sequence[Sequence[tuple[str, int]]]) -> list[int]:
     return peaks
 
 
-def check_schedule(what: str, orders, n_stages: int, n_microbatches: int, budget: int | Sequence[int]) -> list[Op]:
+def check_schedule(
+    what: str, orders, n_stages: int, n_microbatches: int, budget: int | Sequence[int], slip: str | None = None
+) -> list[Op]:
     """PASS when ``orders`` is a schedule within the budget (per stage, or one for all) that can run;
-    returns its timeline."""
+    returns its timeline. A FAIL names ``slip``, the slip recognised in the orders, if any."""
     problem = schedule_problem(orders, n_stages, n_microbatches, budget)
     if problem:
-        raise CheckFailed(f"FAIL {what}: {problem}")
+        raise failure(what, problem, slip)
     ops = timeline([[tuple(op) for op in order] for order in orders])
     print(
         f"PASS {what}: every operation once, no deadlock, held per stage {held_per_stage(orders)} "
@@ -176,10 +178,11 @@ def slots_problem(ops: Sequence[Op], n_microbatches: int, predicted) -> str | No
     return None
 
 
-def check_slots(what: str, ops: Sequence[Op], n_microbatches: int, predicted) -> None:
-    """PASS when the timeline ``ops`` takes ``predicted`` slots, counted slot by slot."""
+def check_slots(what: str, ops: Sequence[Op], n_microbatches: int, predicted, slip: str | None = None) -> None:
+    """PASS when the timeline ``ops`` takes ``predicted`` slots, counted slot by slot. A FAIL names
+    ``slip``, the slip recognised in the formula, if any."""
     problem = slots_problem(ops, n_microbatches, predicted)
     if problem:
-        raise CheckFailed(f"FAIL {what}: {problem}")
+        raise failure(what, problem, slip)
     bubble = 1 - 2 * n_microbatches / predicted
     print(f"PASS {what}: {predicted} slots, {predicted - 2 * n_microbatches} idle on each stage, bubble {bubble:.4f}")
