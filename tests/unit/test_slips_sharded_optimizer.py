@@ -1,0 +1,66 @@
+"""Lab 08's slip recognition (parallel_course.slips.sharded_optimizer): each pattern named from
+every rank's results, nothing named where there is no pattern."""
+
+import torch
+
+from parallel_course.slips.sharded_optimizer import (
+    INITIAL,
+    LR_UNCHANGED,
+    OTHER,
+    REFERENCE,
+    balance_slip,
+    state_slip,
+    weight_status,
+    weights_slip,
+)
+
+# lab 08's model: 4 weight matrices and their biases, in the model's order.
+NUMELS = [4096, 128, 16384, 128, 16384, 128, 4096, 32]
+BALANCED = [0, 1, 1, 0, 0, 1, 1, 0]
+
+
+def test_weight_status():
+    ref, init, unchanged = [torch.ones(2)] * 4, [torch.zeros(2)] * 4, [torch.full((2,), 3.0)] * 4
+    final = [torch.ones(2) + 1e-9, torch.zeros(2), torch.full((2,), 3.0), torch.full((2,), 5.0)]
+    assert weight_status(final, ref, init, unchanged, 1e-6) == [REFERENCE, INITIAL, LR_UNCHANGED, OTHER]
+
+
+def test_balance():
+    assert balance_slip(BALANCED, NUMELS, 2) is None
+    assert balance_slip([i % 2 for i in range(8)], NUMELS, 2).startswith("the owners go round-robin by position")
+    assert balance_slip([0] * 8, NUMELS, 2) == "every parameter is owned by rank 0"
+    # Round-robin over parameters of equal size is a balance by size too.
+    assert balance_slip([0, 1, 0, 1], [10] * 4, 2) is None
+
+
+def test_state():
+    assert state_slip([[0, 3, 4, 7], [1, 2, 5, 6]], BALANCED, 8) is None
+    assert state_slip([list(range(8))] * 2, BALANCED, 8).startswith("every rank holds optimizer state for every")
+    assert state_slip([[1, 2, 5, 6], [0, 3, 4, 7]], BALANCED, 8).startswith(
+        "each rank holds state for the parameters it does not own"
+    )
+    assert state_slip([[1, 2, 5, 6], [0, 3, 4, 7]], None, 8) is None
+
+
+def test_weights_all_right_or_none_moved_or_learning_rate_lost():
+    assert weights_slip([[REFERENCE] * 8] * 2, BALANCED) is None
+    assert weights_slip([[INITIAL] * 8] * 2, BALANCED).startswith("no parameter moved on any rank")
+    assert weights_slip([[LR_UNCHANGED] * 8] * 2, None).startswith(
+        "the weights are those of a run whose learning rate was never"
+    )
+
+
+def test_weights_only_each_ranks_own_moved():
+    status = [[OTHER if owner == rank else INITIAL for owner in BALANCED] for rank in range(2)]
+    assert weights_slip(status, BALANCED).startswith("on each rank only the parameters it owns moved")
+
+
+def test_weights_of_one_ranks_parameters_never_moved():
+    row = [OTHER if owner == 0 else INITIAL for owner in BALANCED]
+    assert weights_slip([row, row], BALANCED).startswith("the parameters owned by rank 1 never moved, on any rank")
+
+
+def test_weights_without_a_pattern():
+    assert weights_slip([[OTHER] * 8] * 2, BALANCED) is None
+    assert weights_slip([[OTHER if owner == 0 else INITIAL for owner in BALANCED]] * 2, None) is None
+    assert weights_slip([[INITIAL] * 7 + [OTHER]] * 2, BALANCED) is None

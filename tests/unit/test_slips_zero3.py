@@ -1,0 +1,97 @@
+"""Lab 11's slip recognition (parallel_course.slips.zero3): each pattern named, nothing named
+where there is no pattern."""
+
+import pytest
+import torch
+
+from parallel_course.checks import CheckFailed
+from parallel_course.slips.zero3 import check_pieces, collective_slip, gradient_scale_slip, kept_whole_slip, shard_slip
+
+FLAT = torch.arange(1.0, 11.0)
+RIGHT = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 0.0, 0.0]]
+
+
+def pieces(*values):
+    return [torch.tensor(v) for v in values]
+
+
+def test_right_pieces_name_nothing_and_pass(capsys):
+    right = pieces(*RIGHT)
+    assert shard_slip(right, FLAT, 3) is None
+    check_pieces("shard_of", right, FLAT, RIGHT)
+    assert capsys.readouterr().out.startswith("PASS shard_of: ")
+
+
+def test_pieces_cut_too_short_lose_the_end():
+    slip = shard_slip(pieces([1.0, 2, 3], [4.0, 5, 6], [7.0, 8, 9]), FLAT, 3)
+    assert "the last 1 element(s) are in no piece" in slip and "ceil(numel / world_size) = 4" in slip
+
+
+def test_a_last_piece_not_padded():
+    slip = shard_slip(pieces([1.0, 2, 3, 4], [5.0, 6, 7, 8], [9.0, 10]), FLAT, 3)
+    assert slip.startswith("the last piece has 2 elements and the others 4")
+
+
+def test_strided_pieces():
+    slip = shard_slip(pieces([1.0, 4, 7, 10], [2.0, 5, 8, 0], [3.0, 6, 9, 0]), FLAT, 3)
+    assert "(a stride)" in slip
+
+
+def test_every_rank_the_same_piece():
+    assert "the same piece" in shard_slip(pieces([1.0, 2, 3, 4], [1.0, 2, 3, 4], [1.0, 2, 3, 4]), FLAT, 3)
+
+
+def test_a_view_keeps_the_whole_tensor():
+    padded = torch.cat([FLAT, torch.zeros(2)])
+    views = list(padded.view(3, 4))
+    slip = shard_slip(views, FLAT, 3)
+    assert "the piece of rank 0 is a view into a tensor of 12 elements" in slip
+    with pytest.raises(CheckFailed, match="FAIL shard_of: right values, but the piece of rank 0 is a view"):
+        check_pieces("shard_of", views, FLAT, RIGHT)
+
+
+def test_wrong_values_without_a_pattern_keep_the_plain_fail_line():
+    wrong = pieces([4.0, 3, 2, 1], [8.0, 7, 6, 5], [0.0, 0, 10, 9])
+    assert shard_slip(wrong, FLAT, 3) is None
+    with pytest.raises(CheckFailed) as failed:
+        check_pieces("shard_of", wrong, FLAT, RIGHT)
+    assert str(failed.value) == f"FAIL shard_of: expected {RIGHT}, got {[p.tolist() for p in wrong]}"
+
+
+GRADS = [torch.tensor([0.5, -1.0, 2.0]), torch.tensor([[0.25, 3.0]])]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_sum_over_ranks_is_n_times_the_average(world_size):
+    slip = gradient_scale_slip([world_size * g for g in GRADS], GRADS, world_size)
+    assert slip == (
+        f"every gradient is {world_size}.00x the reference's: does backward return the sum instead of the average?"
+    )
+
+
+def test_divided_twice_and_another_constant():
+    assert gradient_scale_slip([g / 2 for g in GRADS], GRADS, 2).endswith("divided by the number of ranks once more?")
+    assert gradient_scale_slip([-g for g in GRADS], GRADS, 2) == "every gradient is -1.00x the reference's"
+
+
+def test_no_constant_factor_names_nothing():
+    assert gradient_scale_slip(GRADS, GRADS, 2) is None
+    assert gradient_scale_slip([GRADS[0] * 2, GRADS[1]], GRADS, 2) is None
+    assert gradient_scale_slip([GRADS[0]], GRADS, 2) is None
+    assert gradient_scale_slip([torch.ones(3), torch.ones(1, 2)], [torch.zeros(3), torch.zeros(1, 2)], 2) is None
+
+
+def test_collective_counts():
+    assert collective_slip(20, 20, 20, 0, 20) is None
+    assert collective_slip(20, 0, 20, 0, 20).startswith("no all-gather in backward")
+    assert collective_slip(20, 20, 0, 20, 20).startswith("backward all-reduces the gradients")
+    assert collective_slip(20, 20, 0, 0, 20).startswith("no reduce-scatter in backward")
+    assert collective_slip(0, 0, 20, 0, 20).startswith("no all-gather at all")
+    assert collective_slip(40, 20, 20, 0, 20) is None
+
+
+def test_kept_whole_parameters():
+    assert kept_whole_slip([]) is None
+    assert kept_whole_slip(["blocks.0.attn.q.weight", "head.weight"]).startswith(
+        "blocks.0.attn.q.weight is still set on its layer after forward"
+    )
