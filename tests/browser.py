@@ -44,3 +44,19 @@ def is_local(url: str) -> bool:
     return url.startswith(("file:", "data:", "blob:", "about:")) or url.startswith(
         ("http://127.0.0.1", "ws://127.0.0.1", "http://localhost", "ws://localhost")
     )
+
+
+def offline_page(browser, outside: list[str], width: int, height: int):
+    """A page of the given size that lets no request leave the machine (each one tried is
+    remembered in ``outside``, to fail the test)."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+
+    def guard(route):
+        if is_local(route.request.url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", guard)
+    return page

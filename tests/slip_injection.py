@@ -100,6 +100,14 @@ def fail_lines(record: dict) -> list[str]:
     return [line for line in record["output"].splitlines() if line.startswith("FAIL")]
 
 
+def assert_fail_names(record: dict, *words: str) -> None:
+    """The variant's check failed (it ran to its end) and one FAIL line holds every word."""
+    assert record["error"] is None, record["error"]
+    assert record["code"] == 1, record["output"]
+    named = [line for line in fail_lines(record) if all(w in line for w in words)]
+    assert named, f"no FAIL line names {list(words)}:\n{record['output']}"
+
+
 def code_cell(solution: str, marker: str) -> str:
     """The source of the one code cell of ``solution`` that holds ``marker``."""
     cells = [

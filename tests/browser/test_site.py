@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 import nbformat
 import pytest
 
-from browser import ARTIFACTS, REQUIRE_VAR, ROOT, chromium_or_skip, is_local, launch
+from browser import ARTIFACTS, REQUIRE_VAR, ROOT, chromium_or_skip, launch, offline_page
 from helpers import LECTURES
 from parallel_course.launch import run_bounded
 
@@ -132,16 +132,7 @@ def test_every_page_loads_offline_with_its_plots_and_typeset_math(site):
     outside, problems = [], {}
     with sync_playwright() as p:
         browser = launch(p)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-
-        def guard(route):
-            if is_local(route.request.url):
-                route.continue_()
-            else:
-                outside.append(route.request.url)
-                route.abort()
-
-        page.route("**/*", guard)
+        page = offline_page(browser, outside, 1280, 900)
         for path in site:
             if path.name.endswith(".slides.html"):
                 # The decks are tested in tests/browser/test_slides.py.

@@ -15,7 +15,7 @@ import pytest
 
 import make_slides
 import slide_shots
-from browser import ARTIFACTS, REQUIRE_VAR, chromium_or_skip, is_local, launch
+from browser import ARTIFACTS, REQUIRE_VAR, chromium_or_skip, launch, offline_page
 from helpers import LECTURES
 
 MATH = re.compile(r"\$[^$\n]+\$")
@@ -61,22 +61,6 @@ def exporter():
     return make_slides.exporter()
 
 
-def offline_page(browser, outside: list[str]):
-    """A page at the frame's size that lets no request leave the machine (each one tried is
-    remembered in ``outside``, to fail the test)."""
-    page = browser.new_page(viewport={"width": slide_shots.WIDTH, "height": slide_shots.HEIGHT})
-
-    def guard(route):
-        if is_local(route.request.url):
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    page.route("**/*", guard)
-    return page
-
-
 def clipped_slides(page, deck, shots_prefix: str) -> dict[str, list[str]]:
     """Open ``deck`` in ``page``; for each slide the frame clips, what it clips (a screenshot of it
     kept as ARTIFACTS/<shots_prefix>_<h>.png)."""
@@ -118,7 +102,7 @@ def test_the_measure_sees_what_the_frame_clips(chromium, exporter, tmp_path):
     (tmp_path / "vendor").symlink_to(make_slides.OUT / "vendor")
     deck = make_slides.export(notebook, exporter, tmp_path)
     outside = []
-    page = offline_page(chromium, outside)
+    page = offline_page(chromium, outside, slide_shots.WIDTH, slide_shots.HEIGHT)
     found = clipped_slides(page, deck, "slides_probe")
     page.close()
     assert sorted(found) == ["#/1/0", "#/2/0", "#/3/0"], found
@@ -152,7 +136,7 @@ def test_deck_fits_the_frame_offline(chromium, exporter, notebook):
     # A lecture without slide blocks fails here, named (slide_blocks.SlideError).
     deck = make_slides.export(notebook, exporter)
     outside = []
-    page = offline_page(chromium, outside)
+    page = offline_page(chromium, outside, slide_shots.WIDTH, slide_shots.HEIGHT)
     clipped = clipped_slides(page, deck, f"slides_{notebook.stem}")
     text, formulas, typeset = page.evaluate(SLIDE_TEXT)
     assert typeset, f"{notebook.name}: a formula MathJax did not typeset"

@@ -5,7 +5,7 @@ All variants run in one launch on 2 processes (tests/slip_driver.py).
 
 import pytest
 
-from slip_injection import check_variants, fail_lines, lab_folder
+from slip_injection import assert_fail_names, check_variants, lab_folder
 
 SOLUTION = "lab07_tensor_parallel_linear.ipynb"
 COLUMN_WEIGHT = "self.weight = nn.Parameter(linear.weight.detach().chunk(world_size, dim=0)[rank].clone())"
@@ -70,9 +70,4 @@ def checked(tmp_path_factory):
 
 @pytest.mark.parametrize("slip", SLIPS)
 def test_the_fail_line_names_the_slip(checked, slip):
-    record = checked[slip]
-    assert record["error"] is None, record["error"]
-    assert record["code"] == 1, record["output"]
-    words = [SLIPS[slip][1], ALSO.get(slip, "")]
-    named = [line for line in fail_lines(record) if all(w in line for w in words)]
-    assert named, f"no FAIL line names {words}:\n{record['output']}"
+    assert_fail_names(checked[slip], SLIPS[slip][1], ALSO.get(slip, ""))
