@@ -34,7 +34,12 @@ SLIPS = {
         "got (20, 20, 0): backward all-reduces the gradients instead of reduce-scattering them",
     ),
     "not_freed": (
-        [("            for name in self.names[index]:\n                setattr(layer, name, None)\n", "")],
+        [
+            (
+                "                for name in self.names[index]:\n                    setattr(layer, name, None)\n",
+                "                pass\n",
+            )
+        ],
         "is still set on its layer after forward: are the whole parameters set back to None",
     ),
 }
