@@ -1,18 +1,26 @@
-"""Train the course's small GPT on addition in one of five layouts: the capstone's reference script.
+"""Train the course's small GPT on addition in one of seven layouts: the capstone's reference script.
 
     python train_gpt.py --parallel single --out work/gpt_single
     torchrun --standalone --nproc_per_node=2 train_gpt.py --parallel ddp --out work/gpt_ddp
     torchrun --standalone --nproc_per_node=4 train_gpt.py --parallel 2d --sequence-parallel --out work/gpt_2d
+    torchrun --standalone --nproc_per_node=4 train_gpt.py --parallel dp_pp --grad-accum 4 --out work/gpt_dp_pp
 
-(`--parallel fsdp` and `tp` run like `ddp`.) Every layout trains the same model on the same global
-batches, so its per-step losses equal the single process's up to float rounding. Writes
-metrics.json (losses, parameters and memory per rank, the sharding, the collectives of one
-tensor-parallel block) and final.pt (the whole model, from rank 0) to --out.
+(`--parallel fsdp`, `tp` and `pp` run like `ddp`.) Every layout trains the same model on the same
+global batches, so its per-step losses equal the single process's up to float rounding, also with
+problems of mixed lengths (`--variable-length`) and gradients accumulated over micro-batches
+(`--grad-accum K`). Writes metrics.json (losses, parameters and memory per rank, the sharding, the
+collectives of one tensor-parallel block) and final.pt (the whole model, from rank 0) to --out.
 
-A layout is a few functions applied in order by build_model: apply_tp (with apply_sp for sequence
-parallelism), then apply_fsdp or apply_ddp over the data-parallel ranks. The model and the task
-come from the course's package (parallel_course.gpt), shared with the notebook and the labs; the
-process group from dist_setup.py, which must sit beside this file.
+With `--checkpoint-dir`, it saves a checkpoint every `--checkpoint-every` steps, and when the job
+is preempted (SIGTERM or SIGUSR1); `--resume` continues from one in any layout and world size.
+`--steps 0 --checkpoint-dir DIR` writes the initial weights only: a seed checkpoint, from which
+a run starts without any rank ever holding the whole model.
+
+A layout is a few functions applied in order by build_model: apply_pp (a pipeline stage's share
+of the blocks), apply_tp (with apply_sp for sequence parallelism), then apply_fsdp or apply_ddp
+over the data-parallel ranks. The model and the task come from the course's package
+(parallel_course.gpt), shared with the notebook and the labs; the process group from
+dist_setup.py, which must sit beside this file.
 """
 
 import argparse
@@ -20,14 +28,20 @@ import contextlib
 import json
 import logging
 import os
+import re
+import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import (
@@ -40,34 +54,90 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dist_setup import setup, teardown
-from parallel_course.gpt import GPT, AdditionTask, GPTConfig, answer_loss_sum
+from parallel_course.gpt import GPT, IGNORE, AdditionTask, GPTConfig, answer_loss_sum
 
-LAYOUTS = ("single", "ddp", "fsdp", "tp", "2d")
+LAYOUTS = ("single", "ddp", "fsdp", "tp", "2d", "pp", "dp_pp")
 # Tensor-parallel ranks per data-parallel group in the 2d layout.
 TP_SIZE_2D = 2
+# Pipeline stages in pp and dp_pp: the model's blocks are split evenly over them.
+PP_STAGES = 2
+# The signals a scheduler sends before it stops a job (SLURM: scancel --signal, #SBATCH --signal).
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STEP_FOLDER = re.compile(r"step-(\d+)$")
 
 
-def mesh_shape(layout: str, world_size: int) -> tuple[int, int]:
-    """(data-parallel size, tensor-parallel size) of a layout on world_size processes."""
-    return {"tp": (1, world_size), "2d": (world_size // TP_SIZE_2D, TP_SIZE_2D)}.get(layout, (world_size, 1))
+def mesh_shape(layout: str, world_size: int) -> tuple[int, int, int]:
+    """(data-parallel, pipeline, tensor-parallel) sizes of a layout on world_size processes."""
+    shapes = {
+        "tp": (1, 1, world_size),
+        "2d": (world_size // TP_SIZE_2D, 1, TP_SIZE_2D),
+        "pp": (1, world_size, 1),
+        "dp_pp": (world_size // PP_STAGES, PP_STAGES, 1),
+    }
+    return shapes.get(layout, (world_size, 1, 1))
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    """The step a checkpoint folder holds (step-000004 holds step 4), None if it holds none:
+    torch.distributed.checkpoint writes .metadata last, once every rank has written its part."""
+    match = STEP_FOLDER.search(folder.name)
+    return int(match.group(1)) if match and (folder / ".metadata").is_file() else None
+
+
+def latest_checkpoint(path: Path) -> Path | None:
+    """A checkpoint folder itself, or the newest complete checkpoint inside a --checkpoint-dir."""
+    if checkpoint_step(path) is not None:
+        return path
+    found = [f for f in path.glob("step-*") if checkpoint_step(f) is not None] if path.is_dir() else []
+    return max(found, key=checkpoint_step, default=None)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train a small GPT on addition: single, DDP, FSDP, TP or FSDP x TP.")
+    parser = argparse.ArgumentParser(
+        description="Train a small GPT on addition: single, DDP, FSDP, TP, FSDP x TP, pipeline, DP x pipeline."
+    )
     parser.add_argument("--parallel", choices=LAYOUTS, default="single", help="the layout (default: single)")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps of the whole training")
     parser.add_argument("--seed", type=int, default=0, help="fixes the initial weights and the data")
-    parser.add_argument("--global-batch-size", type=int, default=64, help="problems per step, all ranks together")
+    parser.add_argument(
+        "--global-batch-size", type=int, default=64, help="problems per optimizer step, all micro-batches and ranks"
+    )
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--digits", type=int, default=2, help="digits of each number added (1 to 4)")
+    parser.add_argument(
+        "--variable-length", action="store_true", help="problems of 1 to --digits digits, padded: token counts vary"
+    )
+    parser.add_argument(
+        "--grad-accum",
+        type=int,
+        default=None,
+        metavar="K",
+        help="micro-batches per optimizer step (default 1; pp, dp_pp: the pipeline's, default 2 per stage)",
+    )
+    parser.add_argument(
+        "--sync-every-micro-batch",
+        action="store_true",
+        help="ddp, fsdp, 2d: reduce gradients after every micro-batch, not only the last",
+    )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     parser.add_argument("--sequence-parallel", action="store_true", help="tp, 2d: split activations by position")
+    parser.add_argument("--checkpoint-dir", type=Path, help="save checkpoints (step-NNNNNN folders) here")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=None, metavar="K", help="save every K steps (default: at the end)"
+    )
+    parser.add_argument("--async-checkpoint", action="store_true", help="save in the background (dcp.async_save)")
+    parser.add_argument("--resume", type=Path, help="a checkpoint, or a --checkpoint-dir: continue from its newest")
+    parser.add_argument(
+        "--resume-weights-only", action="store_true", help="with --resume: the weights, not the optimizer's state"
+    )
     parser.add_argument("--out", type=Path, required=True, help="folder for metrics.json and final.pt")
     args = parser.parse_args(argv)
     # Checked before the group is joined: a bad request is one line, before anything starts.
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if min(args.steps, args.global_batch_size) < 1:
-        parser.error("--steps and --global-batch-size must be at least 1")
+    if args.steps < 0 or args.global_batch_size < 1:
+        parser.error("--steps must be at least 0 and --global-batch-size at least 1")
+    if args.steps == 0 and args.checkpoint_dir is None:
+        parser.error("--steps 0 trains nothing: add --checkpoint-dir to write a seed checkpoint (the initial weights)")
     # The sequence must fit the model's 16 positions.
     if not 1 <= args.digits <= 4:
         parser.error(f"--digits must be 1 to 4, got {args.digits}")
@@ -77,7 +147,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--parallel single is one process, but the world size is {world_size}")
     if args.parallel == "2d" and (world_size < 2 * TP_SIZE_2D or world_size % TP_SIZE_2D):
         parser.error(f"--parallel 2d needs an even world size of at least {2 * TP_SIZE_2D}, got {world_size}")
-    dp, tp = mesh_shape(args.parallel, world_size)
+    if args.parallel == "pp" and world_size != PP_STAGES:
+        parser.error(
+            f"--parallel pp runs {PP_STAGES} pipeline stages, one per process, but the world size is {world_size}"
+        )
+    if args.parallel == "dp_pp" and (world_size < 2 * PP_STAGES or world_size % PP_STAGES):
+        parser.error(
+            f"--parallel dp_pp needs a multiple of {PP_STAGES} processes, at least {2 * PP_STAGES}, got {world_size}"
+        )
+    dp, pp, tp = mesh_shape(args.parallel, world_size)
     heads = GPTConfig().n_heads
     # Each tensor-parallel rank computes whole heads.
     if heads % tp:
@@ -87,8 +165,36 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
     if args.sequence_parallel and args.parallel not in ("tp", "2d"):
         parser.error(f"--sequence-parallel needs --parallel tp or 2d, got {args.parallel}")
-    if args.global_batch_size % dp:
-        parser.error(f"--global-batch-size {args.global_batch_size} is not divisible by the {dp} data-parallel ranks")
+    if args.grad_accum is None:
+        args.grad_accum = 2 * pp if pp > 1 else 1
+    if args.grad_accum < 1:
+        parser.error(f"--grad-accum must be at least 1, got {args.grad_accum}")
+    # Schedule1F1B refuses fewer micro-batches than stages.
+    if pp > 1 and args.grad_accum < pp:
+        parser.error(f"--parallel {args.parallel}: the pipeline's {pp} stages need --grad-accum {pp} or more")
+    if args.global_batch_size % (dp * args.grad_accum):
+        parser.error(
+            f"--global-batch-size {args.global_batch_size} is not divisible by the {dp} data-parallel ranks "
+            f"x {args.grad_accum} micro-batches"
+        )
+    if args.sync_every_micro_batch and args.parallel not in ("ddp", "fsdp", "2d"):
+        parser.error(f"--sync-every-micro-batch needs --parallel ddp, fsdp or 2d, got {args.parallel}")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        parser.error(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    if (args.checkpoint_every or args.async_checkpoint) and args.checkpoint_dir is None:
+        parser.error("--checkpoint-every and --async-checkpoint need --checkpoint-dir")
+    if args.checkpoint_dir is not None and args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+        parser.error(f"--checkpoint-dir {args.checkpoint_dir} exists and is not a folder")
+    args.start_step = 0
+    if args.resume is not None:
+        found = latest_checkpoint(args.resume)
+        if found is None:
+            parser.error(f"--resume {args.resume}: no checkpoint there (no step-NNNNNN folder with a .metadata file)")
+        args.resume, args.start_step = found, checkpoint_step(found)
+        if args.start_step >= args.steps:
+            parser.error(f"--resume {found} is at step {args.start_step}: nothing left of --steps {args.steps}")
+    if args.resume_weights_only and args.resume is None:
+        parser.error("--resume-weights-only needs --resume")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} exists and is not a folder")
     return args
@@ -163,7 +269,9 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh) -> None:
     """ZeRO-3 over the data-parallel ranks: each block a unit of its own (gathered for its forward
     and backward, freed after), the embeddings, final norm and head in the root's unit."""
     for block in model.blocks:
-        fully_shard(block, mesh=dp_mesh)
+        # A pipeline stage's other blocks are Identity: nothing to shard.
+        if any(True for _ in block.parameters()):
+            fully_shard(block, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
     # With TP the logits come out of the gather as a view, and FSDP warns in case an in-place op on
     # them followed (it would skip FSDP's backward hook). None does: the loss only reads them.
@@ -176,19 +284,84 @@ def apply_ddp(model: GPT, dp_mesh: DeviceMesh, device: torch.device) -> DDP:
     return DDP(model, device_ids=device_ids, process_group=dp_mesh.get_group())
 
 
-def build_model(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> tuple[GPT, torch.nn.Module]:
-    """The GPT in the chosen layout: the model, and what the training loop calls (DDP's wrapper,
-    or the model itself). TP first, then FSDP over dp, which shards the TP-local parameters further."""
-    # The same initial weights in every layout: made whole from the seed, before any sharding.
+def apply_pp(model: GPT, pp_mesh: DeviceMesh) -> None:
+    """Keep this pipeline stage's share of the blocks, in place: the first stage also keeps the
+    embeddings, the last the final norm and the head. The blocks of other stages become Identity,
+    so that every parameter keeps its name (blocks.1.attn.q.weight on any stage), as a checkpoint
+    that changes layout needs."""
+    stage, stages = pp_mesh.get_local_rank(), pp_mesh.size()
+    per_stage = len(model.blocks) // stages
+    for i in range(len(model.blocks)):
+        if i // per_stage != stage:
+            model.blocks[i] = torch.nn.Identity()
+    if stage > 0:
+        model.tok_emb = model.pos_emb = None
+    if stage < stages - 1:
+        model.ln_f = model.head = None
+
+
+def build_model(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> GPT:
+    """The GPT in the chosen layout (a DDP layout is wrapped later, by apply_ddp). Pipeline stage
+    first, then TP, then FSDP over dp, which shards the TP-local parameters further.
+
+    Made whole from the seed, before any sharding: the same initial weights in every layout. With
+    --resume it is built on the meta device instead (shapes, no storage), laid out, and only then
+    given memory on this device, for the checkpoint to fill in: no rank ever holds the whole model.
+    """
     torch.manual_seed(args.seed)
-    model = GPT(GPTConfig(), activation_checkpointing=args.activation_checkpointing).to(device)
+    with torch.device("meta") if args.resume else contextlib.nullcontext():
+        model = GPT(GPTConfig(), activation_checkpointing=args.activation_checkpointing)
+    if args.resume is None:
+        model.to(device)
+    if args.parallel in ("pp", "dp_pp"):
+        apply_pp(model, mesh["pp"])
     if args.parallel in ("tp", "2d"):
         apply_tp(model, mesh["tp"], args.sequence_parallel)
-    if args.parallel in ("fsdp", "2d"):
+    if args.parallel in ("fsdp", "2d", "dp_pp"):
         apply_fsdp(model, mesh["dp"])
-    if args.parallel == "ddp":
-        return model, apply_ddp(model, mesh["dp"], device)
-    return model, model
+    if args.resume:
+        model.to_empty(device=device)
+    return model
+
+
+def gradient_sync(model, wrapper, last: bool, every: bool):
+    """Whether this micro-batch's backward reduces gradients over the data-parallel ranks: only the
+    last one's, unless every. DDP skips its all-reduce inside no_sync(); FSDP2 skips its
+    reduce-scatter and keeps the whole (unsharded) gradients until a backward with sync on."""
+    sync = last or every
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+    if isinstance(wrapper, DDP) and not sync:
+        return wrapper.no_sync()
+    return contextlib.nullcontext()
+
+
+def held_gradient_bytes(model) -> int:
+    """Bytes of gradient this rank holds now: .grad (a shard under FSDP), plus the whole gradients
+    FSDP2 keeps between micro-batches while it does not reduce them (torch's internal bookkeeping,
+    read here only to measure)."""
+    held = nbytes(p.grad for p in model.parameters() if p.grad is not None)
+    for module in model.modules():
+        if isinstance(module, FSDPModule) and module._get_fsdp_state()._fsdp_param_group is not None:
+            for param in module._get_fsdp_state()._fsdp_param_group.fsdp_params:
+                whole = [param.unsharded_accumulated_grad]
+                if hasattr(param, "_unsharded_param"):
+                    whole.append(param._unsharded_param.grad)
+                held += nbytes(g for g in whole if g is not None)
+    return held
+
+
+def pipeline_schedule(model: GPT, mesh: DeviceMesh, device, micro_batches: int, loss_scale: dict) -> Schedule1F1B:
+    """1F1B over the stages: the last stage computes each micro-batch's summed loss, scaled by
+    loss_scale["factor"] (set every step); the schedule must not divide by the micro-batch count
+    (scale_grads=False): the scale already divides by the global token count."""
+    pp = mesh["pp"]
+    stage = PipelineStage(model, pp.get_local_rank(), pp.size(), device, group=pp.get_group())
+
+    def loss_fn(logits, y):
+        return answer_loss_sum(logits, y)[0] * loss_scale["factor"]
+
+    return Schedule1F1B(stage, n_microbatches=micro_batches, loss_fn=loss_fn, scale_grads=False)
 
 
 class SavedActivations:
@@ -220,10 +393,78 @@ def block_collectives(comms) -> dict:
     return {phase: {str(op): n for op, n in block[phase].items()} for phase in block}
 
 
-def train(args, model, step_fn, mesh, device):
-    """The training loop; returns the global mean loss of every step, this rank's memory and the
-    collectives of one block in step 1."""
-    task = AdditionTask(args.digits)
+def training_state(model: GPT, optimizer, step: int, data: torch.Generator, weights_only: bool = False) -> dict:
+    """What a checkpoint holds, by parameter name: the same names in every layout, each rank
+    saving and loading only its shard. The data generator's state is the position in the data
+    (every rank draws every global batch, so it is the same on all)."""
+    if weights_only:
+        model_state, _ = get_state_dict(model, [])
+        state = {"model": model_state}
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        # Hyperparameters come from this run's command line, not the checkpoint: a pipeline stage's
+        # optimizer lists only its own parameters there.
+        optim_state.pop("param_groups")
+        state = {"model": model_state, "optim": optim_state}
+    state["train"] = {"step": torch.tensor(step), "data_rng": data.get_state()}
+    return state
+
+
+def save_checkpoint(args, model, optimizer, step, data, pending=None):
+    """Save step's checkpoint to --checkpoint-dir/step-NNNNNN; returns the seconds training waited,
+    and the background save still running (async) or None. Waits first for the previous one."""
+    if pending is not None:
+        pending.result()
+    start = time.perf_counter()
+    state = training_state(model, optimizer, step, data, weights_only=step == 0)
+    folder = args.checkpoint_dir / f"step-{step:06d}"
+    if args.async_checkpoint:
+        # Copies the state to memory now, writes it from a thread: training goes on meanwhile.
+        pending = dcp.async_save(state, checkpoint_id=folder)
+    else:
+        dcp.save(state, checkpoint_id=folder)
+        pending = None
+    return time.perf_counter() - start, pending
+
+
+def load_checkpoint(args, model, optimizer, data) -> None:
+    """Fill the model (and optimizer, data position) from --resume, each rank reading its shards,
+    whatever layout and world size wrote it."""
+    weights_only = args.resume_weights_only or args.start_step == 0
+    state = training_state(model, optimizer, 0, data, weights_only)
+    dcp.load(state, checkpoint_id=args.resume)
+    if weights_only:
+        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={})
+    else:
+        state["optim"]["param_groups"] = get_state_dict(model, optimizer)[1]["param_groups"]
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    data.set_state(state["train"]["data_rng"])
+
+
+class Preemption:
+    """Turns SIGTERM or SIGUSR1 into "save and stop after this step". The handler only notes the
+    signal; at the end of each step the ranks agree (a signal may reach them at different moments)."""
+
+    def __init__(self):
+        self.received = 0
+        for sig in PREEMPTION_SIGNALS:
+            signal.signal(sig, self.note)
+
+    def note(self, signum, frame):
+        self.received = signum
+
+    def agreed(self) -> int:
+        """The signal any rank received (0 if none): the same answer on every rank."""
+        flag = torch.tensor([self.received])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+
+def train(args, model, wrapper, mesh, device):
+    """The training loop from --resume's step (or 0) to --steps; returns the global mean loss of
+    every step it trained, this rank's memory, the collectives of one block in its first step, and
+    what checkpointing cost."""
+    task = AdditionTask(args.digits, args.variable_length)
     # Every rank draws every global batch, and trains on its data-parallel share of it.
     data = torch.Generator().manual_seed(args.seed + 1)
     dp_size, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
@@ -232,82 +473,158 @@ def train(args, model, step_fn, mesh, device):
     # plain tensors: in the tp layout the embeddings and norms stay plain beside the sharded weights.
     mixed = len({isinstance(p, DTensor) for p in model.parameters()}) > 1
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False if mixed else None)
-    losses, memory = [], {"parameter_bytes": nbytes(model.parameters())}
+    if args.resume:
+        load_checkpoint(args, model, optimizer, data)
+    pipelined = mesh["pp"].size() > 1
+    if pipelined:
+        loss_scale = {}
+        schedule = pipeline_schedule(model, mesh, device, args.grad_accum, loss_scale)
+        stage, last_stage = mesh["pp"].get_local_rank(), mesh["pp"].size() - 1
+    preemption = Preemption() if args.checkpoint_dir else None
+    every = args.checkpoint_every or args.steps
+    losses, memory, saves, pending, collectives = [], {"parameter_bytes": nbytes(model.parameters())}, [], None, {}
     log_every = max(1, args.steps // 10)
     # The module hooks that count collectives (step 1, below) warn that the token ids need no gradient.
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
-    for step in range(args.steps):
+    for step in range(args.start_step, args.steps):
         x, y = task.batch(data, args.global_batch_size)
         x, y = (t[dp_rank * per_rank : (dp_rank + 1) * per_rank].to(device) for t in (x, y))
+        # The loss is the mean over every answer token of the global batch: counted before any
+        # backward (it varies with --variable-length), and each micro-batch's summed loss scaled by
+        # it. DDP and FSDP average gradients over the dp ranks, hence dp_size.
+        global_count = (y != IGNORE).sum()
+        dist.all_reduce(global_count, group=mesh.get_group("dp"))
+        scale = dp_size / global_count.item()
         saved = SavedActivations(model)
-        # Step 1 of a tensor-parallel layout also counts the collectives of every module.
-        comms = CommDebugMode() if step == 0 and mesh["tp"].size() > 1 else contextlib.nullcontext()
-        with comms:
-            with saved.hooks():
-                loss_sum, count = answer_loss_sum(step_fn(x), y)
-            # Every problem has as many answer digits.
-            global_count = count * dp_size
-            # DDP and FSDP average gradients over the dp ranks: scale so that the average is the
-            # gradient of the global mean (a mean of each rank's own mean would drift).
-            (loss_sum * dp_size / global_count).backward()
-        if step == 0:
+        first = step == args.start_step
+        # The first micro-batch of a tensor-parallel layout's first step also counts the
+        # collectives of every module.
+        comms = CommDebugMode() if first and mesh["tp"].size() > 1 else contextlib.nullcontext()
+        loss_sum, held = torch.zeros((), device=device), 0
+        with saved.hooks():
+            if pipelined:
+                loss_scale["factor"] = scale
+                if stage == 0:
+                    schedule.step(x)
+                else:
+                    # The scaled loss of each micro-batch: their sum over the scale is the summed loss.
+                    scaled = []
+                    schedule.step(target=y, losses=scaled)
+                    loss_sum += sum(scaled) / scale
+            else:
+                micro = list(zip(x.chunk(args.grad_accum), y.chunk(args.grad_accum)))
+                for i, (x_i, y_i) in enumerate(micro):
+                    last = i == len(micro) - 1
+                    watch = comms if i == 0 else contextlib.nullcontext()
+                    with watch, gradient_sync(model, wrapper, last, args.sync_every_micro_batch):
+                        micro_sum, _ = answer_loss_sum(wrapper(x_i), y_i)
+                        (micro_sum * scale).backward()
+                    loss_sum += micro_sum.detach()
+                    if not last:
+                        held = max(held, held_gradient_bytes(model))
+        if first:
             memory["gradient_bytes"] = nbytes(p.grad for p in model.parameters() if p.grad is not None)
+            memory["gradient_bytes_between_micro_batches"] = held
             memory["activation_bytes"] = saved.bytes
             collectives = block_collectives(comms)
         optimizer.step()
         optimizer.zero_grad()
-        logged = loss_sum.detach().clone()
+        if pipelined:
+            # Only the last stage computed the loss: every rank reports it.
+            dist.broadcast(loss_sum, group=mesh.get_group("pp"), group_src=last_stage)
         # The tp ranks of a group hold the same loss: summed over dp only.
-        dist.all_reduce(logged, group=mesh.get_group("dp"))
-        losses.append(logged.item() / global_count)
-        if dist.get_rank() == 0 and ((step + 1) % log_every == 0 or step == 0):
+        dist.all_reduce(loss_sum, group=mesh.get_group("dp"))
+        losses.append(loss_sum.item() / global_count.item())
+        if dist.get_rank() == 0 and ((step + 1) % log_every == 0 or first):
             sys.stdout.write(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}\n")
+            sys.stdout.flush()
+        stop = preemption.agreed() if preemption else 0
+        if args.checkpoint_dir and ((step + 1) % every == 0 or step + 1 == args.steps or stop):
+            waited, pending = save_checkpoint(args, model, optimizer, step + 1, data, pending)
+            saves.append({"step": step + 1, "training_waited_s": waited})
+            if dist.get_rank() == 0:
+                how = "in the background" if args.async_checkpoint else "blocking"
+                sys.stdout.write(f"checkpoint of step {step + 1} ({how}): training waited {waited:.3f} s\n")
+        if stop:
+            if pending is not None:
+                pending.result()
+            if dist.get_rank() == 0:
+                sys.stdout.write(
+                    f"preempted by {signal.Signals(stop).name} after step {step + 1} of {args.steps}: saved "
+                    f"{args.checkpoint_dir / f'step-{step + 1:06d}'}; continue with --resume {args.checkpoint_dir}\n"
+                )
+            return None
+    if args.steps == 0:
+        saves.append({"step": 0, "training_waited_s": save_checkpoint(args, model, optimizer, 0, data)[0]})
+    if pending is not None:
+        pending.result()
     memory["optimizer_state_bytes"] = nbytes(
         t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
     )
-    return losses, memory, collectives
+    return losses, memory, collectives, saves
 
 
-def whole_model(model: GPT) -> dict[str, torch.Tensor]:
-    """Every parameter whole (gathered from its shards), on every rank: a collective."""
+def whole_model(model: GPT, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+    """Every parameter whole (gathered from its shards and stages), on every rank: a collective."""
     # Gathering a 2d parameter takes two all-gathers, and DTensor warns so at every one; true, and
     # harmless once at the end.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    return {n: p.full_tensor() if isinstance(p, DTensor) else p.detach() for n, p in model.named_parameters()}
+    mine = {n: (p.full_tensor() if isinstance(p, DTensor) else p.detach()).cpu() for n, p in model.named_parameters()}
+    if mesh["pp"].size() == 1:
+        return mine
+    stages = [None] * mesh["pp"].size()
+    dist.all_gather_object(stages, mine, group=mesh.get_group("pp"))
+    return {n: t for stage in stages for n, t in stage.items()}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    dp, tp = mesh_shape(args.parallel, world_size)
-    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    model, step_fn = build_model(args, mesh, device)
-    # A DTensor's numel() is the whole parameter's.
-    total = sum(p.numel() for p in model.parameters())
+    dp, pp, tp = mesh_shape(args.parallel, world_size)
+    mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+    model = build_model(args, mesh, device)
+    wrapper = apply_ddp(model, mesh["dp"], device) if args.parallel == "ddp" else model
+    # A DTensor's numel() is the whole parameter's; a pipeline stage holds only its own.
+    count = torch.tensor(sum(p.numel() for p in model.parameters()))
+    dist.all_reduce(count, group=mesh.get_group("pp"))
+    total = int(count)
     if rank == 0:
+        start = f", resumed from {args.resume} (step {args.start_step})" if args.resume else ""
         sys.stdout.write(
             f"{args.parallel}: backend={dist.get_backend()} device={device.type} world_size={world_size} "
-            f"(dp {dp} x tp {tp}), global batch {args.global_batch_size}\n"
+            f"(dp {dp} x pp {pp} x tp {tp}), global batch {args.global_batch_size} in {args.grad_accum} "
+            f"micro-batch{'es' if args.grad_accum > 1 else ''}{start}\n"
         )
-    losses, memory, collectives = train(args, model, step_fn, mesh, device)
+    trained = train(args, model, wrapper, mesh, device)
+    if trained is None:
+        # Preempted: the checkpoint is the result.
+        return 0
+    losses, memory, collectives, saves = trained
+    if args.steps == 0:
+        if rank == 0:
+            sys.stdout.write(f"seed checkpoint: the initial weights in {args.checkpoint_dir / 'step-000000'}\n")
+        return 0
 
     mine = {"local_parameters": sum(local(p).numel() for p in model.parameters()), **memory}
     # Each rank's own figures, in rank order.
     every = [None] * world_size
     dist.all_gather_object(every, mine)
     placements = {n: str(p.placements) if isinstance(p, DTensor) else "whole" for n, p in model.named_parameters()}
-    full = whole_model(model)
+    full = whole_model(model, mesh)
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        torch.save({n: t.cpu() for n, t in full.items()}, args.out / "final.pt")
+        torch.save(full, args.out / "final.pt")
         metrics = {
             "parallel": args.parallel,
             "world_size": world_size,
-            "mesh": {"dp": dp, "tp": tp},
+            "mesh": {"dp": dp, "pp": pp, "tp": tp},
             "steps": args.steps,
+            "start_step": args.start_step,
             "seed": args.seed,
             "global_batch_size": args.global_batch_size,
+            "grad_accum": args.grad_accum,
+            "variable_length": args.variable_length,
             "activation_checkpointing": args.activation_checkpointing,
             "losses": losses,
             "total_parameters": total,
@@ -316,6 +633,7 @@ def main(argv=None) -> int:
             "placements": placements,
             "sequence_parallel": args.sequence_parallel,
             "collectives_per_block": collectives,
+            "checkpoints": saves,
         }
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
         sys.stdout.write(

@@ -85,23 +85,34 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        T = idx.shape[1]
-        if T > self.cfg.block_size:
-            raise ValueError(f"sequence of {T} tokens, longer than block_size {self.cfg.block_size}")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(T, device=idx.device))
+        # A pipeline stage keeps only its own layers (the rest set to None, blocks to Identity):
+        # the stages after the first receive hidden states, not token ids.
+        x = idx
+        if self.tok_emb is not None:
+            T = idx.shape[1]
+            if T > self.cfg.block_size:
+                raise ValueError(f"sequence of {T} tokens, longer than block_size {self.cfg.block_size}")
+            x = self.tok_emb(idx) + self.pos_emb(torch.arange(T, device=idx.device))
         for block in self.blocks:
             # Checkpointing keeps only each block's input and recomputes the rest in backward.
             x = checkpoint(block, x, use_reentrant=False) if self.activation_checkpointing else block(x)
-        return self.head(self.ln_f(x))
+        return x if self.head is None else self.head(self.ln_f(x))
 
 
 class AdditionTask:
-    """Sums of two ``n_digits``-digit numbers as token sequences: ``a + b = reversed(a + b)``."""
+    """Sums of two ``n_digits``-digit numbers as token sequences: ``a + b = reversed(a + b)``.
 
-    def __init__(self, n_digits: int = 2):
+    With ``variable_length``, each problem has its own digit count, 1 to ``n_digits``, and a
+    shorter problem is padded at its end to the longest length: a causal model never lets the
+    padding change an earlier position, and its targets are IGNORE. So the number of answer tokens
+    (those the loss counts) differs between problems, micro-batches and ranks.
+    """
+
+    def __init__(self, n_digits: int = 2, variable_length: bool = False):
         if n_digits < 1:
             raise ValueError(f"n_digits must be at least 1, got {n_digits}")
         self.n_digits = n_digits
+        self.variable_length = variable_length
         self.answer_len = n_digits + 1
         self.seq_len = 3 * n_digits + 2  # the model's input: the sequence without its last token
 
@@ -112,7 +123,14 @@ class AdditionTask:
     def batch(self, generator: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``size`` random problems: inputs ``x`` and next-token targets ``y`` (IGNORE outside
         the answer), both of shape (size, seq_len), drawn from ``generator`` alone."""
+        if self.variable_length:
+            return self._mixed_batch(generator, size)
         a, b = torch.randint(0, 10**self.n_digits, (2, size), generator=generator)
+        return self.batch_of(a, b)
+
+    def batch_of(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The problems ``a + b`` (1-d tensors of numbers below 10**n_digits) as ``x`` and ``y``."""
+        size = len(a)
         answer = self._digits(a + b, self.answer_len).flip(1)  # least significant digit first
         seq = torch.cat(
             [
@@ -126,6 +144,19 @@ class AdditionTask:
         )
         x, y = seq[:, :-1], seq[:, 1:].clone()
         y[:, : -self.answer_len] = IGNORE
+        return x, y
+
+    def _mixed_batch(self, generator: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.n_digits
+        digits = torch.randint(1, n + 1, (size,), generator=generator)
+        # Drawn with n digits and cut to each problem's own: uniform, since 10**d divides 10**n.
+        a, b = torch.randint(0, 10**n, (2, size), generator=generator) % 10**digits
+        x = torch.full((size, self.seq_len), EQUALS)
+        y = torch.full((size, self.seq_len), IGNORE)
+        for i, (d, a_i, b_i) in enumerate(zip(digits.tolist(), a.tolist(), b.tolist())):
+            problem = AdditionTask(d)
+            xi, yi = problem.batch_of(torch.tensor([a_i]), torch.tensor([b_i]))
+            x[i, : problem.seq_len], y[i, : problem.seq_len] = xi[0], yi[0]
         return x, y
 
     def show(self, x: torch.Tensor, answer: torch.Tensor) -> str:

@@ -1,9 +1,11 @@
 """scripts/train_gpt.py, the capstone's reference script: its arguments.
 
 The layouts themselves (the same losses as one process in ddp, fsdp, tp and 2d with sequence
-parallelism, each rank storing its share) are launched and asserted by notebook 11 under strict nbval, and on nccl by
-tests/gpu/test_gpu.py; here the argument checks run in this process, and one bad command line as a
-process: one error line, exit code 2, nothing written.
+parallelism, each rank storing its share) are launched and asserted by notebook 11 under strict
+nbval; accumulation, the pipeline layouts and checkpoints that change layout by notebook 11c; on
+nccl by tests/gpu/test_gpu.py; preemption by tests/launches/test_preemption.py. Here the argument
+checks run in this process, and one bad command line as a process: one error line, exit code 2,
+nothing written.
 """
 
 import sys
@@ -24,10 +26,10 @@ def train_gpt():
 
 
 def test_a_bad_command_line_is_one_error_line(tmp_path):
-    result = run_bounded([sys.executable, str(SCRIPT), "--steps", "0", "--out", str(tmp_path / "out")], timeout=120)
+    result = run_bounded([sys.executable, str(SCRIPT), "--steps", "-1", "--out", str(tmp_path / "out")], timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if "error" in line]
-    assert errors == ["train_gpt.py: error: --steps and --global-batch-size must be at least 1"]
+    assert errors == ["train_gpt.py: error: --steps must be at least 0 and --global-batch-size at least 1"]
     assert result.stderr.splitlines()[-1] == errors[0] and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
 
@@ -35,8 +37,10 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
 @pytest.mark.parametrize(
     "args, world_size, message",
     [
-        (["--steps", "0"], 1, "must be at least 1"),
-        (["--global-batch-size", "-1"], 1, "must be at least 1"),
+        (["--steps", "-1"], 1, "--steps must be at least 0"),
+        (["--steps", "0"], 1, "--steps 0 trains nothing: add --checkpoint-dir"),
+        (["--steps", "0", "--checkpoint-dir", "CKPT"], 1, None),  # a seed checkpoint
+        (["--global-batch-size", "-1"], 1, "--global-batch-size at least 1"),
         (["--lr", "nan"], 1, "--lr must be positive"),
         (["--digits", "5"], 1, "--digits must be 1 to 4"),
         (["--parallel", "pipeline"], 1, "invalid choice"),
@@ -48,20 +52,54 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
         (["--parallel", "tp", "--global-batch-size", "7"], 4, None),  # tp: one data-parallel rank
         (["--parallel", "tp", "--sequence-parallel"], 2, None),
         (["--parallel", "fsdp", "--sequence-parallel"], 2, "--sequence-parallel needs --parallel tp or 2d, got fsdp"),
+        (["--parallel", "pp"], 1, "--parallel pp runs 2 pipeline stages, one per process, but the world size is 1"),
+        (["--parallel", "pp"], 4, "but the world size is 4"),
+        (["--parallel", "pp", "--grad-accum", "1"], 2, "the pipeline's 2 stages need --grad-accum 2 or more"),
+        (["--parallel", "pp", "--global-batch-size", "8"], 2, None),  # 4 micro-batches by default
+        (["--parallel", "dp_pp"], 2, "--parallel dp_pp needs a multiple of 2 processes, at least 4, got 2"),
+        (["--parallel", "dp_pp", "--global-batch-size", "12"], 4, "not divisible by the 2 data-parallel ranks x 4"),
+        (["--parallel", "dp_pp", "--grad-accum", "2", "--global-batch-size", "12"], 4, None),
+        (["--grad-accum", "0"], 1, "--grad-accum must be at least 1, got 0"),
+        (["--grad-accum", "3"], 1, "--global-batch-size 64 is not divisible by the 1 data-parallel ranks x 3"),
+        (["--parallel", "ddp", "--grad-accum", "4", "--global-batch-size", "20"], 2, "x 4 micro-batches"),
+        (["--sync-every-micro-batch"], 1, "--sync-every-micro-batch needs --parallel ddp, fsdp or 2d, got single"),
+        (["--parallel", "fsdp", "--sync-every-micro-batch", "--grad-accum", "2"], 2, None),
+        (["--checkpoint-every", "4"], 1, "--checkpoint-every and --async-checkpoint need --checkpoint-dir"),
+        (["--checkpoint-dir", "CKPT", "--checkpoint-every", "0"], 1, "--checkpoint-every must be at least 1, got 0"),
+        (["--checkpoint-dir", "OUT_IS_A_FILE"], 1, "exists and is not a folder"),
+        (["--resume", "CKPT_EMPTY"], 1, "no checkpoint there"),
+        (["--resume", "CKPT_STEP_4"], 1, None),
+        (["--resume", "CKPT_STEP_4", "--steps", "4"], 1, "is at step 4: nothing left of --steps 4"),
+        (["--resume-weights-only"], 1, "--resume-weights-only needs --resume"),
         (["OUT_IS_A_FILE"], 1, "exists and is not a folder"),
         ([], 1, "required: --out"),
     ],
 )
 def test_arguments(train_gpt, tmp_path, monkeypatch, capsys, args, world_size, message):
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
-    argv = [a for a in args if a != "OUT_IS_A_FILE"]
-    if "OUT_IS_A_FILE" in args:
-        (tmp_path / "file").write_text("")
-        argv += ["--out", str(tmp_path / "file")]
+    (tmp_path / "file").write_text("")
+    (tmp_path / "ckpt" / "step-000004").mkdir(parents=True)
+    # torch.distributed.checkpoint writes .metadata last: a folder without it holds no checkpoint.
+    (tmp_path / "ckpt" / "step-000004" / ".metadata").write_bytes(b"")
+    (tmp_path / "ckpt" / "step-000008").mkdir()
+    paths = {
+        "CKPT": tmp_path / "ckpt",
+        "CKPT_STEP_4": tmp_path / "ckpt",
+        "CKPT_EMPTY": tmp_path / "ckpt" / "step-000008",
+    }
+    argv = [str(paths.get(a, a)) for a in args]
+    if "--checkpoint-dir" in args and "OUT_IS_A_FILE" in args:
+        argv = [str(tmp_path / "file") if a == "OUT_IS_A_FILE" else a for a in argv] + ["--out", str(tmp_path / "out")]
+    elif "OUT_IS_A_FILE" in args:
+        argv = [a for a in argv if a != "OUT_IS_A_FILE"] + ["--out", str(tmp_path / "file")]
     elif args:
         argv += ["--out", str(tmp_path / "out")]
     if message is None:
-        assert train_gpt.parse_args(argv).out == tmp_path / "out"
+        parsed = train_gpt.parse_args(argv)
+        assert parsed.out == tmp_path / "out"
+        if "CKPT_STEP_4" in args:
+            # The newest complete checkpoint: step 8 has no .metadata.
+            assert (parsed.resume, parsed.start_step) == (tmp_path / "ckpt" / "step-000004", 4)
         return
     with pytest.raises(SystemExit) as exit_info:
         train_gpt.parse_args(argv)
@@ -71,4 +109,13 @@ def test_arguments(train_gpt, tmp_path, monkeypatch, capsys, args, world_size, m
 
 
 def test_mesh_shapes(train_gpt):
-    assert [train_gpt.mesh_shape(layout, 4) for layout in train_gpt.LAYOUTS] == [(4, 1), (4, 1), (4, 1), (1, 4), (2, 2)]
+    shapes = [train_gpt.mesh_shape(layout, 4) for layout in train_gpt.LAYOUTS]
+    assert shapes == [(4, 1, 1), (4, 1, 1), (4, 1, 1), (1, 1, 4), (2, 1, 2), (1, 4, 1), (2, 2, 1)]
+
+
+def test_help_names_the_contract(train_gpt, capsys):
+    with pytest.raises(SystemExit):
+        train_gpt.parse_args(["--help"])
+    text = capsys.readouterr().out
+    for flag in ["--variable-length", "--grad-accum", "--checkpoint-dir", "--checkpoint-every", "--resume", "dp_pp"]:
+        assert flag in text, flag
