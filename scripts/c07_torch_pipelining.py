@@ -1,10 +1,11 @@
-"""The same pipeline with torch.distributed.pipelining: PipelineStage + ScheduleGPipe / Schedule1F1B.
+"""The same pipeline with torch.distributed.pipelining: PipelineStage + GPipe, 1F1B, interleaved 1F1B.
 
     torchrun --standalone --nproc_per_node=2 c07_torch_pipelining.py [--microbatches 4]
 
 Each rank builds the whole model from the same seed, keeps only its stage (1 to 8 stages, the 8
-layers split as evenly as they go), and trains one SGD step with each schedule; loss, gradients
-and weights are compared with the unsplit model. Exits with 1 if they differ.
+layers split as evenly as they go), and trains one SGD step with ScheduleGPipe and Schedule1F1B;
+then, with 2 chunks per rank (up to 4 ranks, m a multiple of them), one with ScheduleInterleaved1F1B.
+Loss, gradients and weights are compared with the unsplit model. Exits with 1 if they differ.
 """
 
 import argparse
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from dist_setup import setup, teardown
 
@@ -112,11 +113,19 @@ def main():
         f"micro-batches, backend={dist.get_backend()} device={device.type}"
     )
     failed = False
-    for name, Schedule in [("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)]:
-        grads, weights, loss = pipelined_step(Schedule, mine, m, x, y, device)
+    for name, Schedule in [("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B), ("Interleaved 1F1B", None)]:
+        if Schedule is None:
+            # Two chunks per rank: 2 x world_size virtual stages, at most one per layer.
+            if 2 * world_size > LAYERS or m % world_size:
+                print0(f"{name}: not run (2 chunks per rank need at most {LAYERS // 2} ranks, m a multiple of them)")
+                continue
+            grads, weights, loss, (expected_grads, expected_weights) = interleaved_step(2, m, x, y, device)
+        else:
+            grads, weights, loss = pipelined_step(Schedule, mine, m, x, y, device)
+            expected_grads, expected_weights = ref_grads, ref_weights
         diff = max(
-            max((g - r).abs().max().item() for g, r in zip(grads, ref_grads)),
-            max((p - r).abs().max().item() for p, r in zip(weights, ref_weights)),
+            max((g - r).abs().max().item() for g, r in zip(grads, expected_grads)),
+            max((p - r).abs().max().item() for p, r in zip(weights, expected_weights)),
         )
         # Every stage's largest difference, and the last stage's loss.
         results = [None] * world_size
@@ -128,6 +137,32 @@ def main():
             f"weights after one SGD step equal the unsplit model's: {ok} (max |difference| <= {ATOL:g})"
         )
     return 1 if failed else 0
+
+
+def interleaved_step(n_chunks, m, x, y, device):
+    """One SGD step under ScheduleInterleaved1F1B with n_chunks stages on this rank: their gradients
+    and weights after the step (one list, stage after stage), the mean loss (on the last rank; 0.0
+    elsewhere), and the unsplit model's gradients and weights of the same layers."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    n_virtual = n_chunks * world_size
+    # This rank's virtual stages: a micro-batch goes round the ranks n_chunks times.
+    virtual = [rank + chunk * world_size for chunk in range(n_chunks)]
+    mine = [stage_slice(v, n_virtual) for v in virtual]
+    modules = [make_model()[layers].to(device) for layers in mine]
+    stages = [PipelineStage(module, v, n_virtual, device) for module, v in zip(modules, virtual)]
+    schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+    losses = []
+    # Virtual stage 0 is on rank 0, the last one on the last rank.
+    inputs = (x,) if rank == 0 else ()
+    targets = {"target": y, "losses": losses} if rank == world_size - 1 else {}
+    schedule.step(*inputs, **targets)
+    parameters = [p for module in modules for p in module.parameters()]
+    grads = [p.grad.clone() for p in parameters]
+    torch.optim.SGD(parameters, lr=LR).step()
+    loss = torch.stack(losses).mean().item() if losses else 0.0
+    references = [reference_step(x, y, layers, device) for layers in mine]
+    expected = [g for _, gs, _ in references for g in gs], [w for _, _, ws in references for w in ws]
+    return grads, [p.detach() for p in parameters], loss, expected
 
 
 if __name__ == "__main__":

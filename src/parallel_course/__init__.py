@@ -13,7 +13,7 @@ Small modules, each doing what its name says:
 - ``resource_use``   threads that computed; bytes saved for backward (06a, 06c)
 - ``profiler_traces`` steps, computation and all-reduces read from a profiler trace (06c)
 - ``bench_plots``    the plots of the benchmarks (06a, 06b)
-- ``model_parallel`` pipeline schedules as data (GPipe, 1F1B), bubble, stage splitting (07a)
+- ``model_parallel`` pipeline schedules as data (GPipe, 1F1B, interleaved 1F1B, ZB-H1), bubble, stage splitting (07a)
 - ``schedule_checks`` a pipeline schedule's properties checked, each slip named (lab 07a)
 - ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
 - ``gpt``            a small GPT and an addition task made by the course (11, 12)

@@ -7,24 +7,32 @@ from collections.abc import Sequence
 
 import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from .. import model_parallel as pipe
 from .base import Explorer
 
-COLORS = {"F": "#4c78a8", "B": "#f58518"}
+COLORS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b"}
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 
 
+def _shade(kind: str, chunk: int) -> tuple[float, float, float]:
+    """The colour of ``kind``; darker on odd chunks, so that neighbouring chunks stand apart."""
+    return tuple(c * (0.6 if chunk % 2 else 1.0) for c in to_rgb(COLORS[kind]))
+
+
 def draw_timeline(ax, ops: Sequence[pipe.Op], title: str = "", labels: bool = True, unit: str = "time slot"):
-    """Draw a timeline (stage rows, time columns; forward blue, backward orange) on ``ax``."""
+    """Draw a timeline (stage rows, time columns) on ``ax``: forward blue, backward orange, weight
+    gradient (W) green; with several chunks per device, odd chunks darker and labels "F3a", "F3b"."""
     n_stages = max(op.stage for op in ops) + 1
+    chunks = any(op.chunk for op in ops)
     for op in ops:
         ax.broken_barh(
             [(op.slot, op.duration)],
             (op.stage - 0.4, 0.8),
-            facecolors=COLORS[op.kind],
+            facecolors=_shade(op.kind, op.chunk),
             edgecolor="white",
             linewidth=0.8,
         )
@@ -32,24 +40,25 @@ def draw_timeline(ax, ops: Sequence[pipe.Op], title: str = "", labels: bool = Tr
             ax.text(
                 op.slot + op.duration / 2,
                 op.stage,
-                f"{op.kind}{op.microbatch}",
+                pipe.op_label(op, chunks),
                 ha="center",
                 va="center",
                 color="white",
-                fontsize=7,
+                fontsize=6 if chunks else 7,
             )
     ax.set_yticks(range(n_stages), [f"stage {s}" for s in range(n_stages)])
     ax.set_ylim(n_stages - 0.5, -0.5)
     ax.set_xlim(min(op.slot for op in ops), max(op.slot + op.duration for op in ops))
     ax.set_xlabel(unit)
     ax.set_title(title, fontsize=10, loc="left")
+    # With W drawn, B is the input gradient only.
+    split = any(op.kind == "W" for op in ops)
+    names = {"F": "forward", "B": "input gradient (B)" if split else "backward", "W": "weight gradient (W)"}
+    handles = [Patch(color=COLORS[k], label=names[k]) for k in COLORS if any(op.kind == k for op in ops)]
+    if chunks:
+        handles.append(Patch(color=_shade("F", 1), label="odd chunks darker"))
     ax.legend(
-        handles=[Patch(color=COLORS["F"], label="forward"), Patch(color=COLORS["B"], label="backward")],
-        fontsize=7,
-        loc="lower right",
-        bbox_to_anchor=(1.0, 1.0),
-        ncol=2,
-        frameon=False,
+        handles=handles, fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(handles), frameon=False
     )
 
 
