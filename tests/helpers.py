@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from parallel_course.launch import run_bounded
@@ -89,6 +90,18 @@ def launch(cmd: list, cwd: Path = ROOT, timeout: float = 120, **extra_env: str) 
     except subprocess.TimeoutExpired as e:
         command = " ".join(map(str, cmd))
         pytest.fail(f"{command} did not finish within {timeout} s; its last words:\n{(e.stderr or '')[-3000:]}")
+
+
+def survivors(marker: str) -> list[psutil.Process]:
+    """Processes whose command line mentions ``marker`` (a folder unique to one launch)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
 
 
 def own_suite(folder: Path, *plugins: str) -> list[str]:

@@ -131,27 +131,40 @@ def free_port_for_job_id():
     pytest.skip("no free port between 20000 and 40000")
 
 
-def test_batch_script_runs_end_to_end_on_two_emulated_nodes(tmp_path, train_ddp):
-    bin_dir = stand_ins(tmp_path, srun=SRUN, scontrol=SCONTROL)
-    port, job_id = free_port_for_job_id()
+def emulated_job_environment(bin_dir: Path, job_id: int, name: str, **extra: str) -> dict[str, str]:
+    """What SLURM sets for a job on two nodes (node1, node2), with the stand-ins first on PATH, no
+    launcher's variables from this process, and on the CPU: the emulated nodes would share
+    cuda:0, which nccl refuses."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("RANK", "LOCAL_", "WORLD_SIZE", "MASTER_", "TORCHELASTIC"))
+        if not k.startswith(("RANK", "LOCAL_", "WORLD_SIZE", "MASTER_", "TORCHELASTIC", "SLURM_"))
     }
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
         SLURM_JOB_ID=str(job_id),
         SLURM_NNODES="2",
         SLURM_JOB_NODELIST="node[1-2]",
-        SLURM_JOB_NAME="train-ddp",
+        SLURM_JOB_NAME=name,
         SLURM_GPUS_ON_NODE="1",
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        **extra,
+    )
+    return env
+
+
+def test_batch_script_runs_end_to_end_on_two_emulated_nodes(tmp_path, train_ddp):
+    bin_dir = stand_ins(tmp_path, srun=SRUN, scontrol=SCONTROL)
+    port, job_id = free_port_for_job_id()
+    env = emulated_job_environment(
+        bin_dir,
+        job_id,
+        "train-ddp",
         SRUN_LOG_DIR=str(tmp_path),
         CKPT_DIR=str(tmp_path / "ckpt"),
         OUT_DIR=str(tmp_path / "out"),
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
-    )  # the emulated nodes would share cuda:0, which nccl refuses
+    )
     result = run_bounded(["bash", str(SBATCH)], timeout=120, cwd=ROOT, env=env)
     logs = "".join((tmp_path / f"node{i}.log").read_text() for i in range(2) if (tmp_path / f"node{i}.log").exists())
     assert result.returncode == 0, result.stdout + result.stderr + logs[-3000:]

@@ -25,7 +25,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import TORCHRUN, job_command, job_environment, launch, load_script
+from helpers import TORCHRUN, job_command, job_environment, launch, load_script, survivors
 from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,18 +46,6 @@ def torchrun_cmd(*args, restarts=0):
         str(SCRIPT),
         *[str(a) for a in args],
     ]
-
-
-def survivors(marker):
-    """Processes whose command line mentions `marker` (a folder unique to one launch)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(marker in part for part in p.info["cmdline"] or []):
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
 
 
 def weights(out):
