@@ -410,23 +410,6 @@ def training_state(model: GPT, optimizer, step: int, data: torch.Generator, weig
     return state
 
 
-def save_checkpoint(args, model, optimizer, step, data, pending=None):
-    """Save step's checkpoint to --checkpoint-dir/step-NNNNNN; returns the seconds training waited,
-    and the background save still running (async) or None. Waits first for the previous one."""
-    if pending is not None:
-        pending.result()
-    start = time.perf_counter()
-    state = training_state(model, optimizer, step, data, weights_only=step == 0)
-    folder = args.checkpoint_dir / f"step-{step:06d}"
-    if args.async_checkpoint:
-        # Copies the state to memory now, writes it from a thread: training goes on meanwhile.
-        pending = dcp.async_save(state, checkpoint_id=folder)
-    else:
-        dcp.save(state, checkpoint_id=folder)
-        pending = None
-    return time.perf_counter() - start, pending
-
-
 def load_checkpoint(args, model, optimizer, data) -> None:
     """Fill the model (and optimizer, data position) from --resume, each rank reading its shards,
     whatever layout and world size wrote it."""
@@ -460,10 +443,96 @@ class Preemption:
         return int(flag.item())
 
 
+class Checkpoints:
+    """--checkpoint-dir's saves: every --checkpoint-every steps, at the end, and on a preemption."""
+
+    def __init__(self, args):
+        self.args, self.pending, self.saves = args, None, []
+        self.every = args.checkpoint_every or args.steps
+        self.preemption = Preemption() if args.checkpoint_dir else None
+        # A background save runs collectives from its own thread: on a group of its own, or they
+        # would interleave with the training's on the same group and hang. Gloo, even beside nccl:
+        # the save plans travel between CPUs.
+        self.group = dist.new_group(backend="gloo") if args.async_checkpoint else None
+
+    def after_step(self, step: int, model, optimizer, data) -> int:
+        """Save if step (the steps done) is due; returns the signal that stops the run, or 0."""
+        if self.preemption is None:
+            return 0
+        # A signal in the last step stops nothing: the run ends with this step anyway, and writes its
+        # metrics (a requeued job would find nothing left to train).
+        stop = self.preemption.agreed() if step < self.args.steps else 0
+        if step % self.every == 0 or step == self.args.steps or stop:
+            self.save(step, model, optimizer, data)
+        if stop:
+            self.wait()
+            if dist.get_rank() == 0:
+                folder = self.args.checkpoint_dir
+                sys.stdout.write(
+                    f"preempted by {signal.Signals(stop).name} after step {step} of {self.args.steps}: saved "
+                    f"{folder / f'step-{step:06d}'}; continue with --resume {folder}\n"
+                )
+        return stop
+
+    def save(self, step: int, model, optimizer, data) -> None:
+        """Save to --checkpoint-dir/step-NNNNNN, after the previous background save has finished."""
+        self.wait()
+        start = time.perf_counter()
+        state = training_state(model, optimizer, step, data, weights_only=step == 0)
+        folder = self.args.checkpoint_dir / f"step-{step:06d}"
+        if self.args.async_checkpoint:
+            # Copies the state to memory now, writes it from a thread: training goes on meanwhile.
+            self.pending = dcp.async_save(state, checkpoint_id=folder, process_group=self.group)
+        else:
+            dcp.save(state, checkpoint_id=folder)
+        waited = time.perf_counter() - start
+        self.saves.append({"step": step, "training_waited_s": waited})
+        if dist.get_rank() == 0:
+            how = "in the background" if self.args.async_checkpoint else "blocking"
+            sys.stdout.write(f"checkpoint of step {step} ({how}): training waited {waited:.3f} s\n")
+
+    def wait(self) -> None:
+        """Until the background save is written: before the next one, and before the process ends."""
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+
+def forward_backward(args, model, wrapper, x, y, scale: float, comms) -> tuple[torch.Tensor, int]:
+    """Forward and backward of this rank's share of the batch, micro-batch by micro-batch, each
+    summed loss times scale; returns the summed loss and the most gradient bytes held between
+    micro-batches. comms (a CommDebugMode, or nothing) watches the first micro-batch."""
+    loss_sum, held = torch.zeros((), device=x.device), 0
+    micro = list(zip(x.chunk(args.grad_accum), y.chunk(args.grad_accum)))
+    for i, (x_i, y_i) in enumerate(micro):
+        last = i == len(micro) - 1
+        watch = comms if i == 0 else contextlib.nullcontext()
+        with watch, gradient_sync(model, wrapper, last, args.sync_every_micro_batch):
+            micro_sum, _ = answer_loss_sum(wrapper(x_i), y_i)
+            (micro_sum * scale).backward()
+        loss_sum += micro_sum.detach()
+        if not last:
+            held = max(held, held_gradient_bytes(model))
+    return loss_sum, held
+
+
+def pipeline_forward_backward(schedule, first_stage: bool, x, y, scale: float, loss_scale: dict) -> torch.Tensor:
+    """One step of the 1F1B schedule on this stage; returns the summed loss (0 on the first stage:
+    the loss exists on the last)."""
+    loss_scale["factor"] = scale
+    if first_stage:
+        schedule.step(x)
+        return torch.zeros((), device=x.device)
+    # The scaled loss of each micro-batch: their sum over the scale is the summed loss.
+    scaled = []
+    schedule.step(target=y, losses=scaled)
+    return sum(scaled) / scale
+
+
 def train(args, model, wrapper, mesh, device):
     """The training loop from --resume's step (or 0) to --steps; returns the global mean loss of
     every step it trained, this rank's memory, the collectives of one block in its first step, and
-    what checkpointing cost."""
+    what checkpointing cost (None if it was preempted)."""
     task = AdditionTask(args.digits, args.variable_length)
     # Every rank draws every global batch, and trains on its data-parallel share of it.
     data = torch.Generator().manual_seed(args.seed + 1)
@@ -475,14 +544,11 @@ def train(args, model, wrapper, mesh, device):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False if mixed else None)
     if args.resume:
         load_checkpoint(args, model, optimizer, data)
-    pipelined = mesh["pp"].size() > 1
+    pipelined, loss_scale = mesh["pp"].size() > 1, {}
     if pipelined:
-        loss_scale = {}
         schedule = pipeline_schedule(model, mesh, device, args.grad_accum, loss_scale)
-        stage, last_stage = mesh["pp"].get_local_rank(), mesh["pp"].size() - 1
-    preemption = Preemption() if args.checkpoint_dir else None
-    every = args.checkpoint_every or args.steps
-    losses, memory, saves, pending, collectives = [], {"parameter_bytes": nbytes(model.parameters())}, [], None, {}
+    checkpoints = Checkpoints(args)
+    losses, memory, collectives = [], {"parameter_bytes": nbytes(model.parameters())}, {}
     log_every = max(1, args.steps // 10)
     # The module hooks that count collectives (step 1, below) warn that the token ids need no gradient.
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -495,33 +561,15 @@ def train(args, model, wrapper, mesh, device):
         global_count = (y != IGNORE).sum()
         dist.all_reduce(global_count, group=mesh.get_group("dp"))
         scale = dp_size / global_count.item()
-        saved = SavedActivations(model)
-        first = step == args.start_step
-        # The first micro-batch of a tensor-parallel layout's first step also counts the
-        # collectives of every module.
+        saved, first = SavedActivations(model), step == args.start_step
+        # The first step of a tensor-parallel layout also counts the collectives of every module.
         comms = CommDebugMode() if first and mesh["tp"].size() > 1 else contextlib.nullcontext()
-        loss_sum, held = torch.zeros((), device=device), 0
         with saved.hooks():
             if pipelined:
-                loss_scale["factor"] = scale
-                if stage == 0:
-                    schedule.step(x)
-                else:
-                    # The scaled loss of each micro-batch: their sum over the scale is the summed loss.
-                    scaled = []
-                    schedule.step(target=y, losses=scaled)
-                    loss_sum += sum(scaled) / scale
+                first_stage = mesh["pp"].get_local_rank() == 0
+                loss_sum, held = pipeline_forward_backward(schedule, first_stage, x, y, scale, loss_scale), 0
             else:
-                micro = list(zip(x.chunk(args.grad_accum), y.chunk(args.grad_accum)))
-                for i, (x_i, y_i) in enumerate(micro):
-                    last = i == len(micro) - 1
-                    watch = comms if i == 0 else contextlib.nullcontext()
-                    with watch, gradient_sync(model, wrapper, last, args.sync_every_micro_batch):
-                        micro_sum, _ = answer_loss_sum(wrapper(x_i), y_i)
-                        (micro_sum * scale).backward()
-                    loss_sum += micro_sum.detach()
-                    if not last:
-                        held = max(held, held_gradient_bytes(model))
+                loss_sum, held = forward_backward(args, model, wrapper, x, y, scale, comms)
         if first:
             memory["gradient_bytes"] = nbytes(p.grad for p in model.parameters() if p.grad is not None)
             memory["gradient_bytes_between_micro_batches"] = held
@@ -531,37 +579,22 @@ def train(args, model, wrapper, mesh, device):
         optimizer.zero_grad()
         if pipelined:
             # Only the last stage computed the loss: every rank reports it.
-            dist.broadcast(loss_sum, group=mesh.get_group("pp"), group_src=last_stage)
+            dist.broadcast(loss_sum, group=mesh.get_group("pp"), group_src=mesh["pp"].size() - 1)
         # The tp ranks of a group hold the same loss: summed over dp only.
         dist.all_reduce(loss_sum, group=mesh.get_group("dp"))
         losses.append(loss_sum.item() / global_count.item())
         if dist.get_rank() == 0 and ((step + 1) % log_every == 0 or first):
             sys.stdout.write(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}\n")
             sys.stdout.flush()
-        stop = preemption.agreed() if preemption else 0
-        if args.checkpoint_dir and ((step + 1) % every == 0 or step + 1 == args.steps or stop):
-            waited, pending = save_checkpoint(args, model, optimizer, step + 1, data, pending)
-            saves.append({"step": step + 1, "training_waited_s": waited})
-            if dist.get_rank() == 0:
-                how = "in the background" if args.async_checkpoint else "blocking"
-                sys.stdout.write(f"checkpoint of step {step + 1} ({how}): training waited {waited:.3f} s\n")
-        if stop:
-            if pending is not None:
-                pending.result()
-            if dist.get_rank() == 0:
-                sys.stdout.write(
-                    f"preempted by {signal.Signals(stop).name} after step {step + 1} of {args.steps}: saved "
-                    f"{args.checkpoint_dir / f'step-{step + 1:06d}'}; continue with --resume {args.checkpoint_dir}\n"
-                )
+        if checkpoints.after_step(step + 1, model, optimizer, data):
             return None
     if args.steps == 0:
-        saves.append({"step": 0, "training_waited_s": save_checkpoint(args, model, optimizer, 0, data)[0]})
-    if pending is not None:
-        pending.result()
+        checkpoints.save(0, model, optimizer, data)
+    checkpoints.wait()
     memory["optimizer_state_bytes"] = nbytes(
         t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
     )
-    return losses, memory, collectives, saves
+    return losses, memory, collectives, checkpoints.saves
 
 
 def whole_model(model: GPT, mesh: DeviceMesh) -> dict[str, torch.Tensor]:

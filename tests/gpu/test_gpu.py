@@ -500,6 +500,52 @@ def test_train_gpt_2d_on_nccl_equals_one_gpu(tmp_path):
         assert_same_losses_and_sharded(reference, gpt_run(tmp_path, "2d", 4, *extra), sharded=True)
 
 
+@needs_gpus(2)
+def test_train_gpt_accumulation_and_pipeline_on_nccl_equal_one_gpu(tmp_path):
+    """Gradients accumulated over micro-batches (DDP's no_sync, FSDP2's deferred reduce-scatter) and
+    the 2-stage pipeline (1F1B over nccl's send and receive) give the losses of one GPU; so do
+    problems of mixed lengths, whose answer tokens differ between ranks and micro-batches."""
+    reference = gpt_run(tmp_path, "single", 1)
+    for layout in ("ddp", "fsdp"):
+        run = gpt_run(tmp_path, layout, 2, "--grad-accum", "2")
+        assert run["grad_accum"] == 2
+        assert_same_losses_and_sharded(reference, run, sharded=layout == "fsdp")
+    pipeline = gpt_run(tmp_path, "pp", 2)
+    assert pipeline["mesh"] == {"dp": 1, "pp": 2, "tp": 1}
+    # Each stage stores its own blocks: about half.
+    assert_same_losses_and_sharded(reference, pipeline, sharded=True)
+    mixed = gpt_run(tmp_path, "single", 1, "--variable-length")
+    accumulated = gpt_run(tmp_path, "ddp", 2, "--variable-length", "--grad-accum", "2")
+    assert_same_losses_and_sharded(mixed, accumulated, sharded=False)
+
+
+@needs_gpus(4)
+def test_train_gpt_dp_pp_on_nccl_equals_one_gpu(tmp_path):
+    reference = gpt_run(tmp_path, "single", 1)
+    run = gpt_run(tmp_path, "dp_pp", 4)
+    assert run["mesh"] == {"dp": 2, "pp": 2, "tp": 1}
+    assert_same_losses_and_sharded(reference, run, sharded=True)
+
+
+@needs_gpus(2)
+def test_train_gpt_checkpoints_change_layout_on_nccl(tmp_path):
+    """A checkpoint saved in the background by fsdp on 2 GPUs (dcp.async_save on a gloo group of
+    its own: nccl cannot carry the save plans between CPUs) continues as tp on 2 GPUs, from a
+    model built on the meta device, with the uninterrupted run's losses."""
+    steps = GPT_RUN[GPT_RUN.index("--steps") + 1]
+    half = str(int(steps) // 2)
+    ckpt = tmp_path / "ckpt"
+    reference = gpt_run(tmp_path, "single", 1)
+    first = ["--parallel", "fsdp", *GPT_RUN, "--steps", half, "--checkpoint-dir", str(ckpt), "--async-checkpoint"]
+    ok(torchrun(2, SCRIPTS / "train_gpt.py", *first, "--out", str(tmp_path / "first"), cwd=tmp_path))
+    then = ["--parallel", "tp", *GPT_RUN, "--resume", str(ckpt), "--out", str(tmp_path / "then")]
+    stdout = ok(torchrun(2, SCRIPTS / "train_gpt.py", *then, cwd=tmp_path))
+    assert "backend=nccl device=cuda" in stdout, stdout
+    resumed = json.loads((tmp_path / "then" / "metrics.json").read_text())
+    assert resumed["start_step"] == int(half)
+    assert resumed["losses"] == pytest.approx(reference["losses"][int(half) :], rel=1e-3)
+
+
 # --------------------------------------------------------------------------- 7. every script at N = every GPU
 
 # What a user runs with `torchrun --nproc_per_node=<GPUs>` (the README's promise), with the arguments
@@ -527,7 +573,7 @@ SCRIPTS_AT_EVERY_GPU = [
     ("train_ddp.py", "--epochs", "2", "--out", "out"),
     *[
         ("train_gpt.py", "--parallel", layout, "--steps", "4", "--out", layout)
-        for layout in ("ddp", "fsdp", "tp", "2d")
+        for layout in ("ddp", "fsdp", "tp", "2d", "pp", "dp_pp")
     ],
 ]
 # Lines that say False or FAIL on purpose: negative controls and demonstrations of a mistake.

@@ -52,6 +52,7 @@ ARGS = {
     "c04_train_ddp.py": ["--out", "OUT"],
     "train_ddp.py": ["--out", "OUT"],
     "train_gpt.py": ["--parallel", "ddp", "--out", "OUT"],
+    "c11c_accumulation.py": ["--out", "OUT"],
     "lab04_buggy.py": ["--out", "OUT"],
     "lab04_fixed.py": ["--out", "OUT"],
     "lab05_check.py": ["--only", "DDP"],

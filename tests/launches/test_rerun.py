@@ -29,6 +29,7 @@ RERUN = [
     "notebooks/08_sharding_zero_fsdp.ipynb",  # saves and loads a sharded checkpoint
     "notebooks/09_fault_tolerance_and_debugging.ipynb",  # resumes from checkpoints, crashes, hangs
     "notebooks/10_multi_node_and_clusters.ipynb",  # two emulated nodes resume from a checkpoint
+    "notebooks/11c_capstone_on_a_cluster.ipynb",  # resumes from the checkpoints its runs save
     "solutions/lab04_ddp_bug_hunt.ipynb",  # every run appends to final.pt.writers
     "solutions/lab09_resume_exactly.ipynb",  # a crashed job resumes from its checkpoint
 ]
