@@ -1,0 +1,99 @@
+"""Chapter 11c: gradient accumulation with token counts that vary, in every layout, in one launch.
+
+    torchrun --standalone --nproc_per_node=4 c11c_accumulation.py --layouts ddp fsdp --out work/accumulation.json
+
+Trains with train_gpt.py's own functions (it must sit beside this file, with dist_setup.py): each
+layout asked for (ddp, fsdp, tp, 2d) on the 4 processes with 1, 2 and 4 micro-batches per
+optimizer step, on problems of mixed lengths; fsdp with 4 micro-batches once more, its gradients
+reduced after every micro-batch. One process group serves every run: one launch instead of one
+per run. Rank 0 writes each run's losses, the gradient bytes a rank held between micro-batches and
+the reduce-scatters FSDP sent in a step, as JSON.
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+import train_gpt
+from dist_setup import setup, teardown
+
+LAYOUTS = ("ddp", "fsdp", "tp", "2d")
+MICRO_BATCHES = (1, 2, 4)
+
+
+class CountReduceScatters:
+    """Counts the reduce-scatters FSDP2 sends (it calls dist.reduce_scatter_single for each
+    unit's gradients), by wrapping that function while the context is open."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __enter__(self):
+        self.original = dist.reduce_scatter_single
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self.original(*args, **kwargs)
+
+        dist.reduce_scatter_single = counted
+        return self
+
+    def __exit__(self, *exc):
+        dist.reduce_scatter_single = self.original
+
+
+def run(layout: str, options: list[str], device) -> dict:
+    """One training of train_gpt.py, in this process group: its losses and what it held and sent."""
+    args = train_gpt.parse_args(["--parallel", layout, *options, "--out", "unused"])
+    dp, pp, tp = train_gpt.mesh_shape(layout, dist.get_world_size())
+    mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+    model = train_gpt.build_model(args, mesh, device)
+    wrapper = train_gpt.apply_ddp(model, mesh["dp"], device) if layout == "ddp" else model
+    # train() logs every step; the runs' logs would drown the table the notebook prints.
+    with CountReduceScatters() as sent, contextlib.redirect_stdout(io.StringIO()):
+        losses, memory, _, _ = train_gpt.train(args, model, wrapper, mesh, device)
+    return {
+        "layout": layout,
+        "micro_batches": args.grad_accum,
+        "sync_every_micro_batch": args.sync_every_micro_batch,
+        "losses": losses,
+        "parameter_bytes": memory["parameter_bytes"],
+        "gradient_bytes": memory["gradient_bytes"],
+        "gradient_bytes_between_micro_batches": memory["gradient_bytes_between_micro_batches"],
+        "reduce_scatters_per_step": sent.calls // args.steps,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Gradient accumulation in every layout, in one launch.")
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--global-batch-size", type=int, default=16)
+    parser.add_argument("--out", type=Path, required=True, help="the JSON file rank 0 writes")
+    args = parser.parse_args()
+    device = setup()
+    if dist.get_world_size() != 4:
+        raise SystemExit(f"c11c_accumulation.py runs on 4 processes (2d is 2 x 2), got {dist.get_world_size()}")
+    common = ["--steps", str(args.steps), "--seed", str(args.seed)]
+    common += ["--global-batch-size", str(args.global_batch_size), "--variable-length"]
+    runs = [run(layout, [*common, "--grad-accum", str(k)], device) for layout in args.layouts for k in MICRO_BATCHES]
+    if "fsdp" in args.layouts:
+        runs.append(run("fsdp", [*common, "--grad-accum", "4", "--sync-every-micro-batch"], device))
+    if dist.get_rank() == 0:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(runs, indent=1) + "\n")
+        sys.stdout.write(f"{len(runs)} trainings on {dist.get_world_size()} processes; wrote {args.out}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    teardown()
+    sys.exit(code)
