@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -78,9 +79,11 @@ def main() -> int:
     parser.add_argument("--global-batch-size", type=int, default=16)
     parser.add_argument("--out", type=Path, required=True, help="the JSON file rank 0 writes")
     args = parser.parse_args()
+    # Checked before the group is joined: one line, before anything starts.
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size != 4:
+        parser.error(f"runs on 4 processes (2d is 2 x 2), got {world_size}")
     device = setup()
-    if dist.get_world_size() != 4:
-        raise SystemExit(f"c11c_accumulation.py runs on 4 processes (2d is 2 x 2), got {dist.get_world_size()}")
     common = ["--steps", str(args.steps), "--seed", str(args.seed)]
     common += ["--global-batch-size", str(args.global_batch_size), "--variable-length"]
     runs = [run(layout, [*common, "--grad-accum", str(k)], device) for layout in args.layouts for k in MICRO_BATCHES]

@@ -137,6 +137,10 @@ def torchrun(script: str, *args: str, world_size: int = 2, timeout: float = 60, 
         # The workers' own traceback comes before torchrun's first log line ("E1122 07:26:50...").
         worker_err = re.split(r"(?m)^[EWI]\d{4} \d\d:\d\d", result.stderr)[0]
         tail = "\n".join([line for line in worker_err.splitlines() if line.strip()][-10:])
+        # With restarts, that traceback is the first attempt's; what ended the job is at the end.
+        if max_restarts:
+            end = "\n".join([line for line in result.stderr.splitlines() if line.strip()][-15:])
+            tail += f"\n... and the end of torchrun's output:\n{end}"
         raise LaunchFailed(f"{script} failed with exit code {result.returncode}:\n{tail}")
     return result.stdout
 

@@ -571,6 +571,7 @@ SCRIPTS_AT_EVERY_GPU = [
     ("bench_allreduce.py", "--max-bytes", "16M", "--impl", "both"),
     ("bench_scaling.py", "--model", "small", "--steps", "5"),
     ("train_ddp.py", "--epochs", "2", "--out", "out"),
+    ("c11c_accumulation.py", "--layouts", "ddp", "fsdp", "--out", "accumulation.json"),
     *[
         ("train_gpt.py", "--parallel", layout, "--steps", "4", "--out", layout)
         for layout in ("ddp", "fsdp", "tp", "2d", "pp", "dp_pp")
