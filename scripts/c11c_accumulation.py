@@ -2,12 +2,11 @@
 
     torchrun --standalone --nproc_per_node=4 c11c_accumulation.py --layouts ddp fsdp --out work/accumulation.json
 
-Trains with train_gpt.py's own functions (it must sit beside this file, with dist_setup.py): each
-layout asked for (ddp, fsdp, tp, 2d) on the 4 processes with 1, 2 and 4 micro-batches per
-optimizer step, on problems of mixed lengths; fsdp with 4 micro-batches once more, its gradients
-reduced after every micro-batch. One process group serves every run: one launch instead of one
-per run. Rank 0 writes each run's losses, the gradient bytes a rank held between micro-batches and
-the reduce-scatters FSDP sent in a step, as JSON.
+Trains with train_gpt.py's own functions (beside this file, with dist_setup.py) each layout asked
+for (ddp, fsdp, tp, 2d) on 4 processes with 1, 2 and 4 micro-batches per step, on problems of
+mixed lengths; then fsdp with 4 micro-batches reducing after every one. One process group serves
+every run: one launch, not one per run. Rank 0 writes each run's losses, the gradient bytes a rank
+held between micro-batches and the reduce-scatters FSDP sent per step, as JSON.
 """
 
 import argparse
