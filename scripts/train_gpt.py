@@ -564,7 +564,8 @@ def train(args, model, wrapper, mesh, device):
         saved, first = SavedActivations(model), step == args.start_step
         # The first step of a tensor-parallel layout also counts the collectives of every module.
         comms = CommDebugMode() if first and mesh["tp"].size() > 1 else contextlib.nullcontext()
-        with saved.hooks():
+        # Counted in the first step only: the hook looks at every saved tensor, and costs time.
+        with saved.hooks() if first else contextlib.nullcontext():
             if pipelined:
                 first_stage = mesh["pp"].get_local_rank() == 0
                 loss_sum, held = pipeline_forward_backward(schedule, first_stage, x, y, scale, loss_scale), 0
