@@ -14,7 +14,9 @@ Open DIR/index.html, or any deck, straight from disk.
 """
 
 import argparse
+import contextlib
 import html
+import os
 import re
 import shutil
 import subprocess
@@ -47,30 +49,49 @@ OPTIONS = {
 TITLE = re.compile(r"<title>(.*?) slides</title>", re.DOTALL)
 
 
+def installed(vendor: Path) -> bool:
+    return all((vendor / "node_modules" / p.rsplit("@", 1)[0]).is_dir() for p in PACKAGES)
+
+
 def install_vendor(vendor: Path = OUT / "vendor") -> None:
     """reveal.js, MathJax, jQuery and require.js in ``vendor``/node_modules, from the npm registry
-    unless they are there already. A deck finds them in the folder ``vendor`` beside it."""
-    if all((vendor / "node_modules" / p.rsplit("@", 1)[0]).is_dir() for p in PACKAGES):
+    unless they are there already. A deck finds them in the folder ``vendor`` beside it.
+
+    npm installs into a folder of its own, renamed to ``vendor`` when complete: another process
+    (the site's build, a test on another worker) never finds a half-installed MathJax there, whose
+    missing files would keep every formula of a page waiting."""
+    if installed(vendor):
         return
     npm = shutil.which("npm")
     if npm is None:
         sys.exit("make slides needs npm (Node.js) once, to fetch reveal.js and MathJax for offline use")
-    vendor.mkdir(parents=True, exist_ok=True)
+    partial = vendor.with_name(f"{vendor.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     print(f"installing {' '.join(PACKAGES)} into {vendor} (once)", flush=True)
-    subprocess.run(
-        [
-            npm,
-            "install",
-            "--prefix",
-            str(vendor),
-            "--no-save",
-            "--no-audit",
-            "--no-fund",
-            "--loglevel=error",
-            *PACKAGES,
-        ],
-        check=True,
-    )
+    try:
+        subprocess.run(
+            [
+                npm,
+                "install",
+                "--prefix",
+                str(partial),
+                "--no-save",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                *PACKAGES,
+            ],
+            check=True,
+        )
+        # An incomplete folder of an interrupted older install is replaced; a complete one that
+        # another process renamed in meanwhile is kept.
+        if vendor.is_dir() and not installed(vendor):
+            shutil.rmtree(vendor)
+        with contextlib.suppress(OSError):
+            partial.rename(vendor)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def exporter() -> SlidesExporter:

@@ -38,6 +38,10 @@ PROSE = """() => { const body = document.body.cloneNode(true);
   body.querySelectorAll('pre, code, script, style, .jp-OutputArea, .MathJax_CHTML, .MJX_Assistive_MathML')
       .forEach(e => e.remove());
   return body.innerText; }"""
+# Why MathJax is not ready: its script never ran, or what it shows in its corner while it loads
+# (e.g. "File failed to load: ...").
+MATHJAX_STATE = """() => !window.MathJax ? 'MathJax.js did not load'
+  : (document.getElementById('MathJax_Message') || {}).textContent || 'loaded, no message'"""
 FACTS = """() => ({
   typeset: document.querySelectorAll('.MathJax_CHTML').length,
   broken_images: [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src.slice(0, 100)),
@@ -127,6 +131,7 @@ def stored_plots(notebook: Path) -> int:
 
 
 def test_every_page_loads_offline_with_its_plots_and_typeset_math(site):
+    from playwright.sync_api import TimeoutError as PageTimeout
     from playwright.sync_api import sync_playwright
 
     outside, problems = [], {}
@@ -147,7 +152,13 @@ def test_every_page_loads_offline_with_its_plots_and_typeset_math(site):
             page.goto(path.as_uri(), wait_until="load")
             # Every formula typeset: MathJax runs what it queued before this callback.
             if page.locator("script[src*='MathJax.js']").count():
-                page.wait_for_function("() => window.MathJax && MathJax.Hub && MathJax.isReady", timeout=30_000)
+                try:
+                    page.wait_for_function("() => window.MathJax && MathJax.Hub && MathJax.isReady", timeout=30_000)
+                except PageTimeout:
+                    # It takes well under a second; a file MathJax waits for in vain keeps it waiting.
+                    problems[name] = [f"MathJax not ready after 30 s: {page.evaluate(MATHJAX_STATE)}"]
+                    page.remove_listener("pageerror", on_error)
+                    continue
                 page.evaluate("() => new Promise(done => MathJax.Hub.Queue(() => done(true)))")
             facts = page.evaluate(FACTS)
             raw = MATH.search(page.evaluate(PROSE))
