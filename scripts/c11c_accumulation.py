@@ -57,7 +57,7 @@ def run(layout: str, options: list[str], device) -> dict:
     wrapper = train_gpt.apply_ddp(model, mesh["dp"], device) if layout == "ddp" else model
     # train() logs every step; the runs' logs would drown the table the notebook prints.
     with CountReduceScatters() as sent, contextlib.redirect_stdout(io.StringIO()):
-        losses, memory, _, _ = train_gpt.train(args, model, wrapper, mesh, device)
+        losses, memory, *_ = train_gpt.train(args, model, wrapper, mesh, device)
     return {
         "layout": layout,
         "micro_batches": args.grad_accum,

@@ -1,11 +1,12 @@
-"""Train the course's small GPT on addition in one of seven layouts: the capstone's reference script.
+"""Train the course's small GPT on addition in one of ten layouts: the capstone's reference script.
 
     python train_gpt.py --parallel single --out work/gpt_single
     torchrun --standalone --nproc_per_node=2 train_gpt.py --parallel ddp --out work/gpt_ddp
     torchrun --standalone --nproc_per_node=4 train_gpt.py --parallel 2d --sequence-parallel --out work/gpt_2d
     torchrun --standalone --nproc_per_node=4 train_gpt.py --parallel dp_pp --grad-accum 4 --out work/gpt_dp_pp
+    torchrun --standalone --nproc_per_node=2 train_gpt.py --parallel ep --moe-experts 4 --out work/gpt_ep
 
-(`--parallel fsdp`, `tp` and `pp` run like `ddp`.) Every layout trains the same model on the same
+(`--parallel fsdp`, `tp`, `pp` and `cp` run like `ddp`.) Every layout trains the same model on the same
 global batches, so its per-step losses equal the single process's up to float rounding, also with
 problems of mixed lengths (`--variable-length`) and gradients accumulated over micro-batches
 (`--grad-accum K`). Writes metrics.json (losses, parameters and memory per rank, the sharding, the
@@ -18,13 +19,17 @@ a run starts without any rank ever holding the whole model.
 
 A layout is a few functions applied in order by build_model: apply_pp (a pipeline stage's share
 of the blocks), apply_tp (with apply_sp for sequence parallelism), then apply_fsdp or apply_ddp
-over the data-parallel ranks. The model and the task come from the course's package
-(parallel_course.gpt), shared with the notebook and the labs; the process group from
-dist_setup.py, which must sit beside this file.
+over the data-parallel ranks; apply_cp makes attention ring attention over the positions each
+context-parallel rank holds (sequence_share cuts them). With `--moe-experts E` every block's MLP
+is a mixture of E experts (single, or ep and dp_ep: apply_ep spreads the experts over the ranks,
+and all-to-alls carry the tokens to them and back). The model and the task come from the
+course's package (parallel_course.gpt), shared with the notebook and the labs; the process group
+from dist_setup.py, which must sit beside this file.
 """
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -54,13 +59,19 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dist_setup import setup, teardown
-from parallel_course.gpt import GPT, IGNORE, AdditionTask, GPTConfig, answer_loss_sum
+from parallel_course.context_parallel import positions_of, ring_attention
+from parallel_course.gpt import GPT, IGNORE, AdditionTask, GPTConfig, MoE, answer_loss_sum
 
-LAYOUTS = ("single", "ddp", "fsdp", "tp", "2d", "pp", "dp_pp")
+LAYOUTS = ("single", "ddp", "fsdp", "tp", "2d", "pp", "dp_pp", "cp", "ep", "dp_ep")
 # Tensor-parallel ranks per data-parallel group in the 2d layout.
 TP_SIZE_2D = 2
 # Pipeline stages in pp and dp_pp: the model's blocks are split evenly over them.
 PP_STAGES = 2
+# Context-parallel ranks in cp, and how the sequence is cut between them: zig-zag (rank r holds
+# chunks r and 2N-1-r of 2N) gives every rank the same causal attention work.
+CP_SIZE, CP_LAYOUT = 2, "zigzag"
+# The layouts that spread a mixture of experts over the ranks, and the expert-parallel ranks in dp_ep.
+EP_LAYOUTS, EP_SIZE_DP_EP = ("ep", "dp_ep"), 2
 # The signals a scheduler sends before it stops a job (SLURM: scancel --signal, #SBATCH --signal).
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 STEP_FOLDER = re.compile(r"step-(\d+)$")
@@ -75,6 +86,37 @@ def mesh_shape(layout: str, world_size: int) -> tuple[int, int, int]:
         "dp_pp": (world_size // PP_STAGES, PP_STAGES, 1),
     }
     return shapes.get(layout, (world_size, 1, 1))
+
+
+def mesh_dims(layout: str, world_size: int) -> dict[str, int]:
+    """The device mesh of a layout, its dimensions' names and sizes in order: dp, pp, tp, and cp
+    only in the cp layout (the sequence split over CP_SIZE ranks, no data parallelism)."""
+    if layout == "cp":
+        return {"dp": 1, "pp": 1, "cp": world_size, "tp": 1}
+    return dict(zip(("dp", "pp", "tp"), mesh_shape(layout, world_size)))
+
+
+def batch_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The ranks that share each global batch and average their gradients: dp (rows of the batch),
+    or cp (positions of each sequence) in the cp layout."""
+    return mesh["cp"] if "cp" in (mesh.mesh_dim_names or ()) else mesh["dp"]
+
+
+def sequence_share(x: torch.Tensor, y: torch.Tensor, mesh: DeviceMesh):
+    """This rank's positions of each sequence (x, y and the positions) under context parallelism;
+    x, y and None in the other layouts."""
+    if "cp" not in (mesh.mesh_dim_names or ()):
+        return x, y, None
+    positions = positions_of(mesh["cp"].get_local_rank(), mesh["cp"].size(), x.shape[1], CP_LAYOUT).to(x.device)
+    return x[:, positions], y[:, positions], positions
+
+
+def expert_mesh_shape(layout: str, world_size: int) -> tuple[int, int]:
+    """(expert data-parallel, expert-parallel) sizes: ep spreads the experts over every rank, dp_ep
+    over groups of EP_SIZE_DP_EP, each group a replica of all experts. The rest of the model is
+    data-parallel over every rank in both (mesh_shape: dp is the world)."""
+    ep = world_size if layout == "ep" else EP_SIZE_DP_EP
+    return world_size // ep, ep
 
 
 def checkpoint_step(folder: Path) -> int | None:
@@ -94,7 +136,8 @@ def latest_checkpoint(path: Path) -> Path | None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Train a small GPT on addition: single, DDP, FSDP, TP, FSDP x TP, pipeline, DP x pipeline."
+        description="Train a small GPT on addition: single, DDP, FSDP, TP, FSDP x TP, pipeline, DP x pipeline, "
+        "context parallel, expert parallel (a mixture of experts), DP x expert parallel."
     )
     parser.add_argument("--parallel", choices=LAYOUTS, default="single", help="the layout (default: single)")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps of the whole training")
@@ -118,6 +161,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--sync-every-micro-batch",
         action="store_true",
         help="ddp, fsdp, 2d: reduce gradients after every micro-batch, not only the last",
+    )
+    parser.add_argument(
+        "--moe-experts",
+        type=int,
+        default=0,
+        metavar="E",
+        help="a mixture of E expert MLPs in every block (default 0: the dense MLP); single, ep, dp_ep",
+    )
+    parser.add_argument("--top-k", type=int, default=2, metavar="K", help="--moe-experts: experts a token uses")
+    parser.add_argument(
+        "--capacity-factor",
+        type=float,
+        default=1.25,
+        metavar="C",
+        help="--moe-experts: an expert takes C x tokens x K / E of a forward's tokens, drops the rest (default 1.25)",
+    )
+    parser.add_argument(
+        "--aux-loss-weight",
+        type=float,
+        default=0.01,
+        metavar="W",
+        help="--moe-experts: the load-balancing loss's weight in the training loss (default 0.01)",
     )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     parser.add_argument("--sequence-parallel", action="store_true", help="tp, 2d: split activations by position")
@@ -155,7 +220,38 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(
             f"--parallel dp_pp needs a multiple of {PP_STAGES} processes, at least {2 * PP_STAGES}, got {world_size}"
         )
-    dp, pp, tp = mesh_shape(args.parallel, world_size)
+    if args.parallel == "cp" and world_size != CP_SIZE:
+        parser.error(f"--parallel cp splits each sequence over {CP_SIZE} processes, but the world size is {world_size}")
+    seq_len = AdditionTask(args.digits).seq_len
+    if args.parallel == "cp" and seq_len % (2 * CP_SIZE):
+        parser.error(
+            f"--parallel cp cuts each sequence into {2 * CP_SIZE} equal zig-zag chunks: "
+            f"--digits {args.digits} gives {seq_len} tokens (--digits 2 gives 8)"
+        )
+    if args.moe_experts < 0:
+        parser.error(f"--moe-experts must be at least 0 (0: the dense MLP), got {args.moe_experts}")
+    if args.moe_experts and args.parallel not in ("single", *EP_LAYOUTS):
+        parser.error(f"--moe-experts runs with --parallel single, ep or dp_ep, got {args.parallel}")
+    if args.moe_experts and not 1 <= args.top_k <= args.moe_experts:
+        parser.error(f"--top-k must be 1 to the {args.moe_experts} experts, got {args.top_k}")
+    if not args.capacity_factor > 0 or not args.aux_loss_weight >= 0:
+        parser.error("--capacity-factor must be above 0 and --aux-loss-weight at least 0")
+    if args.parallel in EP_LAYOUTS and not args.moe_experts:
+        parser.error(f"--parallel {args.parallel} spreads experts over the ranks: add --moe-experts E")
+    if args.parallel == "ep" and world_size < 2:
+        parser.error("--parallel ep spreads the experts over the processes: it needs at least 2, got 1")
+    if args.parallel == "dp_ep" and (world_size < 2 * EP_SIZE_DP_EP or world_size % EP_SIZE_DP_EP):
+        parser.error(
+            f"--parallel dp_ep needs a multiple of {EP_SIZE_DP_EP} processes, at least {2 * EP_SIZE_DP_EP}, "
+            f"got {world_size}"
+        )
+    if args.parallel in EP_LAYOUTS and args.moe_experts % expert_mesh_shape(args.parallel, world_size)[1]:
+        ep = expert_mesh_shape(args.parallel, world_size)[1]
+        parser.error(f"--parallel {args.parallel}: the {args.moe_experts} experts do not divide over {ep} ranks")
+    if args.parallel in EP_LAYOUTS and (args.checkpoint_dir or args.resume):
+        parser.error(f"--parallel {args.parallel} saves no checkpoints yet: drop --checkpoint-dir and --resume")
+    dims = mesh_dims(args.parallel, world_size)
+    dp, pp, tp = dims["dp"], dims["pp"], dims["tp"]
     heads = GPTConfig().n_heads
     # Each tensor-parallel rank computes whole heads.
     if heads % tp:
@@ -284,6 +380,15 @@ def apply_ddp(model: GPT, dp_mesh: DeviceMesh, device: torch.device) -> DDP:
     return DDP(model, device_ids=device_ids, process_group=dp_mesh.get_group())
 
 
+def apply_cp(model: GPT, cp_mesh: DeviceMesh) -> None:
+    """Context parallelism: each block's attention becomes ring attention over the cp ranks, each
+    holding its zig-zag share of every sequence's positions (sequence_share); the weights stay
+    whole, and DDP over cp averages their gradients."""
+    ring = functools.partial(ring_attention, group=cp_mesh.get_group(), layout=CP_LAYOUT)
+    for block in model.blocks:
+        block.attn.attention = ring
+
+
 def apply_pp(model: GPT, pp_mesh: DeviceMesh) -> None:
     """Keep this pipeline stage's share of the blocks, in place: the first stage also keeps the
     embeddings, the last the final norm and the head. The blocks of other stages become Identity,
@@ -300,17 +405,139 @@ def apply_pp(model: GPT, pp_mesh: DeviceMesh) -> None:
         model.ln_f = model.head = None
 
 
-def build_model(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> GPT:
+class AllToAll(torch.autograd.Function):
+    """all_to_all_single in equal chunks, differentiable: chunk j of this rank's input goes to rank j,
+    chunk j of its output came from rank j. Applied twice it gives the input back, so its backward
+    sends each gradient to where its value came from with the same exchange."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
+def dispatch(experts, args, group):
+    """Before the experts: every rank's (E, capacity, d) slots become this rank's experts' slots from
+    every rank, (E/R, R x capacity, d). Rank j receives the slots of its experts, padding included."""
+    size = dist.get_world_size(group)
+    slots = AllToAll.apply(args[0], group)
+    n_experts, capacity, d = slots.shape
+    # Received: R blocks (one per sender) of E/R experts; each expert's slots from all senders together.
+    mine = slots.view(size, n_experts // size, capacity, d).transpose(0, 1)
+    return (mine.reshape(n_experts // size, size * capacity, d),)
+
+
+def combine(experts, args, out, group):
+    """After the experts: their outputs go back to the ranks whose tokens they are, (E, capacity, d)."""
+    size = dist.get_world_size(group)
+    local, slots, d = out.shape
+    back = out.view(local, size, slots // size, d).transpose(0, 1).reshape(local * size, slots // size, d)
+    return AllToAll.apply(back, group)
+
+
+def apply_ep(model: GPT, ep_mesh: DeviceMesh, data_group) -> None:
+    """Expert parallelism: rank r of an ep group of R keeps experts r E/R to (r+1) E/R - 1 of every
+    block (the others become Identity, so that names stay as in one process). Each rank routes its
+    own tokens into (E, capacity, d) slots as one process would; an all-to-all sends every expert's
+    slots to its rank (dispatch), another brings the outputs back (combine). The routers count the
+    load over data_group, every rank that trains on a share of the batch."""
+    rank, size, group = ep_mesh.get_local_rank(), ep_mesh.size(), ep_mesh.get_group()
+    for block in model.blocks:
+        moe, per_rank = block.mlp, len(block.mlp.experts) // size
+        moe.experts.local = list(range(rank * per_rank, (rank + 1) * per_rank))
+        for e in range(len(moe.experts)):
+            if e not in moe.experts.local:
+                moe.experts[e] = torch.nn.Identity()
+        moe.group = data_group
+        moe.experts.register_forward_pre_hook(functools.partial(dispatch, group=group))
+        moe.experts.register_forward_hook(functools.partial(combine, group=group))
+
+
+def reduce_expert_gradients(model: GPT, dp_group, expert_dp_group) -> None:
+    """ep, dp_ep: the gradients averaged by hand after backward (the loss is scaled as for DDP).
+    The dense weights' are summed over every rank; an expert's already holds its whole ep group's
+    tokens (the all-to-all's backward brought them) and is summed over its replicas only. Both are
+    divided by the world size: DDP's average. One all-reduce per group, over flattened gradients."""
+    world_size = dist.get_world_size()
+    dense = [p.grad for n, p in model.named_parameters() if ".experts." not in n and p.grad is not None]
+    experts = [p.grad for n, p in model.named_parameters() if ".experts." in n and p.grad is not None]
+    for grads, group in ((dense, dp_group), (experts, expert_dp_group)):
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat, group=group)
+        for g, part in zip(grads, flat.div_(world_size).split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
+
+
+class ExpertLoad:
+    """A mixture of experts' bookkeeping in one step. After each forward: the load-balancing loss to
+    add to the training loss (--aux-loss-weight times its mean over the layers, per micro-batch,
+    scaled by the dp size as the language-model loss is), and the choices routed to and dropped by
+    each expert, summed over the micro-batches (each layer counts the tokens of every data rank).
+    The statistics are a micro-batch's, over every data rank: with --grad-accum above 1, one process
+    and ep group the rows into micro-batches differently, and their auxiliary losses differ a little."""
+
+    def __init__(self, model: GPT, args, dp_group):
+        self.model = model
+        self.layers = [m for m in model.modules() if isinstance(m, MoE)]
+        self.weight = args.aux_loss_weight * dist.get_world_size(dp_group) / args.grad_accum
+        self.dp_group, self.micro_batches = dp_group, args.grad_accum
+        self.aux, self.routed, self.dropped = 0.0, 0, 0
+
+    def after_forward(self) -> torch.Tensor:
+        share = sum(m.aux_loss for m in self.layers) / len(self.layers)
+        self.aux += share.detach()
+        self.routed = self.routed + torch.stack([m.routed for m in self.layers])
+        self.dropped = self.dropped + torch.stack([m.dropped for m in self.layers])
+        return share * self.weight
+
+    def __str__(self) -> str:
+        """What the step's log line adds, once step() has run."""
+        return f", aux loss {self.aux_loss:.4f}"
+
+    def step(self, experts=None) -> dict:
+        """After backward: in ep and dp_ep (experts: the expert mesh) the gradients reduced by hand
+        first (reduce_expert_gradients). Returns the step's auxiliary loss (this rank's shares summed
+        over the ranks, averaged over the micro-batches), the norm of the whole model's reduced
+        gradient (an ep rank holds the dense part whole and its own experts: theirs summed over the ep
+        group), and, per layer and expert, the routed and dropped choices."""
+        if experts is not None:
+            reduce_expert_gradients(self.model, self.dp_group, experts.get_group("expert_dp"))
+        dist.all_reduce(self.aux, group=self.dp_group)
+        squares = [torch.zeros((), device=self.aux.device) for _ in range(2)]
+        for name, p in self.model.named_parameters():
+            squares[".experts." in name] += p.grad.pow(2).sum() if p.grad is not None else 0
+        if experts is not None:
+            dist.all_reduce(squares[1], group=experts.get_group("ep"))
+        self.aux_loss = self.aux.item() / self.micro_batches
+        return {
+            "aux_loss": self.aux_loss,
+            "gradient_norm": (squares[0] + squares[1]).sqrt().item(),
+            "routed": self.routed.tolist(),
+            "dropped": self.dropped.tolist(),
+        }
+
+
+def build_model(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device, experts=None) -> GPT:
     """The GPT in the chosen layout (a DDP layout is wrapped later, by apply_ddp). Pipeline stage
     first, then TP, then FSDP over dp, which shards the TP-local parameters further.
 
     Made whole from the seed, before any sharding: the same initial weights in every layout. With
     --resume it is built on the meta device instead (shapes, no storage), laid out, and only then
     given memory on this device, for the checkpoint to fill in: no rank ever holds the whole model.
+    experts: the (expert dp, ep) mesh of ep and dp_ep.
     """
     torch.manual_seed(args.seed)
     with torch.device("meta") if args.resume else contextlib.nullcontext():
-        model = GPT(GPTConfig(), activation_checkpointing=args.activation_checkpointing)
+        cfg = GPTConfig(moe_experts=args.moe_experts, top_k=args.top_k, capacity_factor=args.capacity_factor)
+        model = GPT(cfg, activation_checkpointing=args.activation_checkpointing)
     if args.resume is None:
         model.to(device)
     if args.parallel in ("pp", "dp_pp"):
@@ -319,6 +546,10 @@ def build_model(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device
         apply_tp(model, mesh["tp"], args.sequence_parallel)
     if args.parallel in ("fsdp", "2d", "dp_pp"):
         apply_fsdp(model, mesh["dp"])
+    if args.parallel == "cp":
+        apply_cp(model, mesh["cp"])
+    if experts is not None:
+        apply_ep(model, experts["ep"], mesh.get_group("dp"))
     if args.resume:
         model.to_empty(device=device)
     return model
@@ -428,8 +659,8 @@ class Preemption:
     """Turns SIGTERM or SIGUSR1 into "save and stop after this step". The handler only notes the
     signal; at the end of each step the ranks agree (a signal may reach them at different moments)."""
 
-    def __init__(self):
-        self.received = 0
+    def __init__(self, device: torch.device):
+        self.received, self.device = 0, device
         for sig in PREEMPTION_SIGNALS:
             signal.signal(sig, self.note)
 
@@ -438,7 +669,8 @@ class Preemption:
 
     def agreed(self) -> int:
         """The signal any rank received (0 if none): the same answer on every rank."""
-        flag = torch.tensor([self.received])
+        # On the training's device: nccl reduces only GPU tensors.
+        flag = torch.tensor([self.received], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
 
@@ -446,10 +678,10 @@ class Preemption:
 class Checkpoints:
     """--checkpoint-dir's saves: every --checkpoint-every steps, at the end, and on a preemption."""
 
-    def __init__(self, args):
+    def __init__(self, args, device: torch.device):
         self.args, self.pending, self.saves = args, None, []
         self.every = args.checkpoint_every or args.steps
-        self.preemption = Preemption() if args.checkpoint_dir else None
+        self.preemption = Preemption(device) if args.checkpoint_dir else None
         # A background save runs collectives from its own thread: on a group of its own, or they
         # would interleave with the training's on the same group and hang. Gloo, even beside nccl:
         # the save plans travel between CPUs.
@@ -498,18 +730,23 @@ class Checkpoints:
             self.pending = None
 
 
-def forward_backward(args, model, wrapper, x, y, scale: float, comms) -> tuple[torch.Tensor, int]:
+def forward_backward(
+    args, model, wrapper, x, y, scale: float, comms, positions=None, load=None
+) -> tuple[torch.Tensor, int]:
     """Forward and backward of this rank's share of the batch, micro-batch by micro-batch, each
     summed loss times scale; returns the summed loss and the most gradient bytes held between
-    micro-batches. comms (a CommDebugMode, or nothing) watches the first micro-batch."""
+    micro-batches. comms (a CommDebugMode, or nothing) watches the first micro-batch. positions:
+    the places in the sequence of x's tokens (None: all, in order). load: a mixture of experts'
+    ExpertLoad, which adds the load-balancing loss."""
     loss_sum, held = torch.zeros((), device=x.device), 0
     micro = list(zip(x.chunk(args.grad_accum), y.chunk(args.grad_accum)))
     for i, (x_i, y_i) in enumerate(micro):
         last = i == len(micro) - 1
         watch = comms if i == 0 else contextlib.nullcontext()
         with watch, gradient_sync(model, wrapper, last, args.sync_every_micro_batch):
-            micro_sum, _ = answer_loss_sum(wrapper(x_i), y_i)
-            (micro_sum * scale).backward()
+            micro_sum, _ = answer_loss_sum(wrapper(x_i, positions), y_i)
+            aux = load.after_forward() if load is not None else 0.0
+            (micro_sum * scale + aux).backward()
         loss_sum += micro_sum.detach()
         if not last:
             held = max(held, held_gradient_bytes(model))
@@ -529,10 +766,10 @@ def pipeline_forward_backward(schedule, first_stage: bool, x, y, scale: float, l
     return sum(scaled) / scale
 
 
-def train(args, model, wrapper, mesh, device):
+def train(args, model, wrapper, mesh, device, experts=None):
     """The training loop from --resume's step (or 0) to --steps; returns the global mean loss of
-    every step it trained, this rank's memory, the collectives of one block in its first step, and
-    what checkpointing cost (None if it was preempted)."""
+    every step it trained, this rank's memory, the collectives of one block in its first step, what
+    checkpointing cost (None if preempted), and each step's ExpertLoad (experts: ep's expert mesh)."""
     task = AdditionTask(args.digits, args.variable_length)
     # Every rank draws every global batch, and trains on its data-parallel share of it.
     data = torch.Generator().manual_seed(args.seed + 1)
@@ -547,21 +784,23 @@ def train(args, model, wrapper, mesh, device):
     pipelined, loss_scale = mesh["pp"].size() > 1, {}
     if pipelined:
         schedule = pipeline_schedule(model, mesh, device, args.grad_accum, loss_scale)
-    checkpoints = Checkpoints(args)
-    losses, memory, collectives = [], {"parameter_bytes": nbytes(model.parameters())}, {}
+    checkpoints = Checkpoints(args, device)
+    losses, memory, collectives, expert_steps = [], {"parameter_bytes": nbytes(model.parameters())}, {}, []
     log_every = max(1, args.steps // 10)
     # The module hooks that count collectives (step 1, below) warn that the token ids need no gradient.
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
     for step in range(args.start_step, args.steps):
         x, y = task.batch(data, args.global_batch_size)
         x, y = (t[dp_rank * per_rank : (dp_rank + 1) * per_rank].to(device) for t in (x, y))
+        x, y, positions = sequence_share(x, y, mesh)
         # The loss is the mean over every answer token of the global batch: counted before any
         # backward (it varies with --variable-length), and each micro-batch's summed loss scaled by
-        # it. DDP and FSDP average gradients over the dp ranks, hence dp_size.
+        # it. DDP and FSDP average gradients over the ranks sharing the batch (dp, or cp), hence their number.
         global_count = (y != IGNORE).sum()
-        dist.all_reduce(global_count, group=mesh.get_group("dp"))
-        scale = dp_size / global_count.item()
+        dist.all_reduce(global_count, group=batch_mesh(mesh).get_group())
+        scale = batch_mesh(mesh).size() / global_count.item()
         saved, first = SavedActivations(model), step == args.start_step
+        load = ExpertLoad(model, args, batch_mesh(mesh).get_group()) if args.moe_experts else None
         # The first step of a tensor-parallel layout also counts the collectives of every module.
         comms = CommDebugMode() if first and mesh["tp"].size() > 1 else contextlib.nullcontext()
         # Counted in the first step only: the hook looks at every saved tensor, and costs time.
@@ -570,22 +809,25 @@ def train(args, model, wrapper, mesh, device):
                 first_stage = mesh["pp"].get_local_rank() == 0
                 loss_sum, held = pipeline_forward_backward(schedule, first_stage, x, y, scale, loss_scale), 0
             else:
-                loss_sum, held = forward_backward(args, model, wrapper, x, y, scale, comms)
+                loss_sum, held = forward_backward(args, model, wrapper, x, y, scale, comms, positions, load)
         if first:
             memory["gradient_bytes"] = nbytes(p.grad for p in model.parameters() if p.grad is not None)
             memory["gradient_bytes_between_micro_batches"] = held
             memory["activation_bytes"] = saved.bytes
             collectives = block_collectives(comms)
+        # A mixture of experts: ep's gradients reduced by hand, the step's load and auxiliary loss noted.
+        expert_steps += [load.step(experts)] if load is not None else []
         optimizer.step()
         optimizer.zero_grad()
         if pipelined:
             # Only the last stage computed the loss: every rank reports it.
             dist.broadcast(loss_sum, group=mesh.get_group("pp"), group_src=mesh["pp"].size() - 1)
-        # The tp ranks of a group hold the same loss: summed over dp only.
-        dist.all_reduce(loss_sum, group=mesh.get_group("dp"))
+        # The tp ranks of a group hold the same loss: summed over dp (or cp) only.
+        dist.all_reduce(loss_sum, group=batch_mesh(mesh).get_group())
         losses.append(loss_sum.item() / global_count.item())
         if dist.get_rank() == 0 and ((step + 1) % log_every == 0 or first):
-            sys.stdout.write(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}\n")
+            # A mixture of experts adds its auxiliary loss to the line.
+            sys.stdout.write(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}{load or ''}\n")
             sys.stdout.flush()
         if checkpoints.after_step(step + 1, model, optimizer, data):
             return None
@@ -595,19 +837,21 @@ def train(args, model, wrapper, mesh, device):
     memory["optimizer_state_bytes"] = nbytes(
         t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
     )
-    return losses, memory, collectives, checkpoints.saves
+    return losses, memory, collectives, checkpoints.saves, expert_steps
 
 
-def whole_model(model: GPT, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+def whole_model(model: GPT, mesh: DeviceMesh, experts=None) -> dict[str, torch.Tensor]:
     """Every parameter whole (gathered from its shards and stages), on every rank: a collective."""
     # Gathering a 2d parameter takes two all-gathers, and DTensor warns so at every one; true, and
     # harmless once at the end.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     mine = {n: (p.full_tensor() if isinstance(p, DTensor) else p.detach()).cpu() for n, p in model.named_parameters()}
-    if mesh["pp"].size() == 1:
+    if mesh["pp"].size() == 1 and experts is None:
         return mine
-    stages = [None] * mesh["pp"].size()
-    dist.all_gather_object(stages, mine, group=mesh.get_group("pp"))
+    # A pipeline stage holds its own blocks, an ep rank its own experts.
+    group = mesh.get_group("pp") if experts is None else experts.get_group("ep")
+    stages = [None] * dist.get_world_size(group)
+    dist.all_gather_object(stages, mine, group=group)
     return {n: t for stage in stages for n, t in stage.items()}
 
 
@@ -615,26 +859,38 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = setup()
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    dp, pp, tp = mesh_shape(args.parallel, world_size)
-    mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-    model = build_model(args, mesh, device)
-    wrapper = apply_ddp(model, mesh["dp"], device) if args.parallel == "ddp" else model
+    dims = mesh_dims(args.parallel, world_size)
+    dp, pp, tp, cp = dims["dp"], dims["pp"], dims["tp"], dims.get("cp", 1)
+    mesh = init_device_mesh(device.type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    expert_dp, ep = expert_mesh_shape(args.parallel, world_size)
+    experts = None
+    if args.parallel in EP_LAYOUTS:
+        experts = init_device_mesh(device.type, (expert_dp, ep), mesh_dim_names=("expert_dp", "ep"))
+    model = build_model(args, mesh, device, experts)
+    wrapper = apply_ddp(model, batch_mesh(mesh), device) if args.parallel in ("ddp", "cp") else model
     # A DTensor's numel() is the whole parameter's; a pipeline stage holds only its own.
-    count = torch.tensor(sum(p.numel() for p in model.parameters()))
+    count = torch.tensor(sum(p.numel() for p in model.parameters()), device=device)
     dist.all_reduce(count, group=mesh.get_group("pp"))
     total = int(count)
     if rank == 0:
         start = f", resumed from {args.resume} (step {args.start_step})" if args.resume else ""
+        cp_factor = f" x cp {cp}" if cp > 1 else ""
         sys.stdout.write(
             f"{args.parallel}: backend={dist.get_backend()} device={device.type} world_size={world_size} "
-            f"(dp {dp} x pp {pp} x tp {tp}), global batch {args.global_batch_size} in {args.grad_accum} "
+            f"(dp {dp} x pp {pp} x tp {tp}{cp_factor}), global batch {args.global_batch_size} in {args.grad_accum} "
             f"micro-batch{'es' if args.grad_accum > 1 else ''}{start}\n"
         )
-    trained = train(args, model, wrapper, mesh, device)
+        if args.moe_experts:
+            spread = f", spread over ep {ep} x expert dp {expert_dp}" if experts is not None else ""
+            sys.stdout.write(
+                f"mixture of {args.moe_experts} experts, top-{args.top_k}, capacity factor {args.capacity_factor}"
+                f"{spread}\n"
+            )
+    trained = train(args, model, wrapper, mesh, device, experts)
     if trained is None:
         # Preempted: the checkpoint is the result.
         return 0
-    losses, memory, collectives, saves = trained
+    losses, memory, collectives, saves, expert_steps = trained
     if args.steps == 0:
         if rank == 0:
             sys.stdout.write(f"seed checkpoint: the initial weights in {args.checkpoint_dir / 'step-000000'}\n")
@@ -645,14 +901,17 @@ def main(argv=None) -> int:
     every = [None] * world_size
     dist.all_gather_object(every, mine)
     placements = {n: str(p.placements) if isinstance(p, DTensor) else "whole" for n, p in model.named_parameters()}
-    full = whole_model(model, mesh)
+    full = whole_model(model, mesh, experts)
+    if experts is not None:
+        # The experts are spread over the ep ranks: counted whole.
+        total = sum(t.numel() for t in full.values())
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save(full, args.out / "final.pt")
         metrics = {
             "parallel": args.parallel,
             "world_size": world_size,
-            "mesh": {"dp": dp, "pp": pp, "tp": tp},
+            "mesh": dims,
             "steps": args.steps,
             "start_step": args.start_step,
             "seed": args.seed,
@@ -669,6 +928,21 @@ def main(argv=None) -> int:
             "collectives_per_block": collectives,
             "checkpoints": saves,
         }
+        if args.moe_experts:
+            metrics["moe"] = {
+                "experts": args.moe_experts,
+                "top_k": args.top_k,
+                "capacity_factor": args.capacity_factor,
+                "aux_loss_weight": args.aux_loss_weight,
+                "expert_mesh": {"expert_dp": expert_dp, "ep": ep} if experts is not None else None,
+            }
+            # Per step: the load-balancing loss (not in losses), the gradient's norm (AdamW hides a
+            # gradient off by a factor: compare this), and per layer and expert the choices routed to
+            # it and those it dropped (over capacity).
+            metrics["aux_losses"] = [s["aux_loss"] for s in expert_steps]
+            metrics["gradient_norms"] = [s["gradient_norm"] for s in expert_steps]
+            metrics["expert_load"] = [s["routed"] for s in expert_steps]
+            metrics["dropped"] = [s["dropped"] for s in expert_steps]
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
         sys.stdout.write(
             f"wrote {args.out / 'metrics.json'} and final.pt; each rank stores "

@@ -10,13 +10,18 @@ The task is multi-digit addition, ``"12+34=" -> "640"``: the sum, 46, in one dig
 the numbers, written least significant digit first (the order a carry flows), so that each
 answer digit depends on digits already seen.
 Only the answer positions count in the loss and in the exact-match accuracy.
+
+With ``GPTConfig(moe_experts=E)`` each block's MLP becomes a mixture of E expert MLPs (MoE): more
+parameters, the same computation per token (top_k experts each); the default, 0, is the dense GPT.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -33,6 +38,15 @@ class GPTConfig:
     n_layers: int = 2
     n_heads: int = 4
     mlp_ratio: int = 4
+    # Mixture of experts: 0 keeps one dense MLP per block; E > 0 puts E expert MLPs and a router there.
+    moe_experts: int = 0
+    top_k: int = 2
+    capacity_factor: float = 1.25
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of (batch, heads, positions, head_dim) tensors on the whole sequence."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class CausalSelfAttention(nn.Module):
@@ -43,12 +57,14 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = cfg.d_model // cfg.n_heads
         self.q, self.k, self.v = (nn.Linear(cfg.d_model, cfg.d_model) for _ in range(3))
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        # How q, k and v become the heads' outputs: context parallelism puts ring attention here.
+        self.attention = causal_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         # -1 heads: all of them when whole, this rank's share when q, k, v are split column-wise.
         q, k, v = (lin(x).view(B, T, -1, self.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -62,11 +78,79 @@ class MLP(nn.Module):
         return self.proj(F.gelu(self.fc(x)))
 
 
+def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert: ceil(C x tokens x k / E). C = 1 is exactly the average load; C >= E / k never drops."""
+    return math.ceil(capacity_factor * tokens * top_k / experts)
+
+
+def route(probs: torch.Tensor, top_k: int, capacity: int):
+    """Each token's top_k experts and gates (their router probabilities, not renormalised), each
+    choice's slot in its expert's buffer, and whether it is kept: slots are given in token order, all
+    first choices before any second choice, and a choice past its expert's capacity is dropped."""
+    gates, experts = probs.topk(top_k, dim=-1)
+    # (k, N) flattened: every token's first choice, then every token's second.
+    one_hot = F.one_hot(experts.t().reshape(-1), probs.shape[-1])
+    slots = (one_hot.cumsum(0) * one_hot).sum(-1) - 1
+    slots = slots.view(top_k, -1).t()
+    return experts, gates, slots, slots < capacity
+
+
+class Experts(nn.ModuleList):
+    """E expert MLPs, applied to their slots (E, capacity, d). Under expert parallelism a rank keeps
+    only its own (the others become Identity, the names stay) and local lists them."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(MLP(cfg) for _ in range(cfg.moe_experts))
+        self.local = list(range(cfg.moe_experts))
+
+    def forward(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self[e](s) for e, s in zip(self.local, slots)])
+
+
+class MoE(nn.Module):
+    """Mixture of experts in place of the MLP: a router picks top_k experts per token, each expert
+    computes only the tokens sent to it, up to its capacity; a dropped choice adds 0 (the residual
+    carries the token). After forward: routed and dropped choices per expert, and aux_loss (Switch/
+    GShard: E x sum_i f_i P_i, f_i the share of choices routed to expert i, P_i its mean probability).
+    With a group, the counts cover the tokens of all its ranks and aux_loss is this rank's share of
+    the loss over all of them (the shares sum to it: P_i is a sum over tokens)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if not 1 <= cfg.top_k <= cfg.moe_experts or not cfg.capacity_factor > 0:
+            raise ValueError(f"top_k {cfg.top_k} must be 1 to moe_experts {cfg.moe_experts}, capacity_factor above 0")
+        self.cfg, self.group = cfg, None
+        self.router = nn.Linear(cfg.d_model, cfg.moe_experts, bias=False)
+        self.experts = Experts(cfg)
+        self.routed = self.dropped = self.aux_loss = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        (n, d), n_experts, k = tokens.shape, self.cfg.moe_experts, self.cfg.top_k
+        probs = self.router(tokens).softmax(-1)
+        capacity = expert_capacity(n, n_experts, k, self.cfg.capacity_factor)
+        experts, gates, slots, kept = route(probs, k, capacity)
+        # Dispatch: each kept choice's token copied into its slot; empty slots stay 0.
+        where = (experts * capacity + slots)[kept]
+        token = torch.arange(n, device=x.device)[:, None].expand(n, k)[kept]
+        buffer = tokens.new_zeros(n_experts * capacity, d).index_copy(0, where, tokens[token])
+        out = self.experts(buffer.view(n_experts, capacity, d)).reshape(-1, d)
+        # Combine: each token's kept choices, weighted by their gates, summed.
+        y = torch.zeros_like(tokens).index_add(0, token, out[where] * gates[kept][:, None])
+        routed, dropped = (torch.bincount(e, minlength=n_experts) for e in (experts.flatten(), experts[~kept]))
+        counts = torch.cat([routed, dropped, torch.tensor([n], device=x.device)])
+        if self.group is not None:
+            dist.all_reduce(counts, group=self.group)
+        self.routed, self.dropped, total = counts[:n_experts], counts[n_experts:-1], counts[-1]
+        self.aux_loss = n_experts * (self.routed / (total * k) * probs.sum(0)).sum() / total
+        return y.view(x.shape)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln1, self.attn = nn.LayerNorm(cfg.d_model), CausalSelfAttention(cfg)
-        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MoE(cfg) if cfg.moe_experts else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -84,15 +168,19 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for token ids idx (batch, T); positions are the tokens' places in the sequence,
+        0 to T-1 unless given (a context-parallel rank holds some positions of each sequence)."""
         # A pipeline stage keeps only its own layers (the rest set to None, blocks to Identity):
         # the stages after the first receive hidden states, not token ids.
         x = idx
         if self.tok_emb is not None:
             T = idx.shape[1]
-            if T > self.cfg.block_size:
-                raise ValueError(f"sequence of {T} tokens, longer than block_size {self.cfg.block_size}")
-            x = self.tok_emb(idx) + self.pos_emb(torch.arange(T, device=idx.device))
+            if positions is None:
+                if T > self.cfg.block_size:
+                    raise ValueError(f"sequence of {T} tokens, longer than block_size {self.cfg.block_size}")
+                positions = torch.arange(T, device=idx.device)
+            x = self.tok_emb(idx) + self.pos_emb(positions)
         for block in self.blocks:
             # Checkpointing keeps only each block's input and recomputes the rest in backward.
             x = checkpoint(block, x, use_reentrant=False) if self.activation_checkpointing else block(x)

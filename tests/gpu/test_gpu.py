@@ -546,6 +546,41 @@ def test_train_gpt_checkpoints_change_layout_on_nccl(tmp_path):
     assert resumed["losses"] == pytest.approx(reference["losses"][int(half) :], rel=1e-3)
 
 
+@needs_gpus(2)
+def test_train_gpt_expert_parallel_on_nccl_equals_one_gpu(tmp_path):
+    """A mixture of experts spread over 2 GPUs (ep: nccl's all-to-all of CUDA tensors dispatches the
+    tokens to their experts and combines the outputs back, and again in backward; the routers' load
+    all-reduced in forward) gives the language-model and load-balancing losses of one GPU and routes
+    the same tokens, when the capacity factor drops nothing; on 4 GPUs, dp_ep (ep 2 x dp 2) too."""
+    moe = ["--moe-experts", "4", "--capacity-factor", "2"]
+    reference = gpt_run(tmp_path, "single", 1, *moe)
+    layouts = [("ep", 2), ("dp_ep", 4)] if GPUS >= 4 else [("ep", 2)]
+    for layout, nproc in layouts:
+        run = gpt_run(tmp_path, layout, nproc, *moe)
+        assert run["moe"]["expert_mesh"]["ep"] == 2, run["moe"]
+        assert_same_losses_and_sharded(reference, run, sharded=True)
+        assert run["aux_losses"] == pytest.approx(reference["aux_losses"], rel=1e-3)
+        assert run["expert_load"][0] == reference["expert_load"][0]
+        assert not any(n for step in run["dropped"] for layer in step for n in layer), run["dropped"]
+
+
+@needs_gpus(2)
+def test_context_parallel_on_nccl_equals_whole_sequence_attention(tmp_path):
+    """train_gpt.py's cp layout (ring attention over 2 GPUs: nccl's batched send and receive of CUDA
+    tensors, forward and backward, DDP over the cp ranks) gives the losses of one GPU; on 4 GPUs,
+    c13a_context_parallel.py's ring (contiguous, zig-zag) and Ulysses (all_to_all_single) match
+    SDPA on the whole sequence, and its negative control still fails."""
+    reference = gpt_run(tmp_path, "single", 1)
+    run = gpt_run(tmp_path, "cp", 2)
+    assert run["mesh"] == {"dp": 1, "pp": 1, "cp": 2, "tp": 1}
+    assert_same_losses_and_sharded(reference, run, sharded=False)
+    if GPUS >= 4:
+        stdout = ok(torchrun(4, SCRIPTS / "c13a_context_parallel.py", "--out", "cp.json", cwd=tmp_path))
+        checks = [line for line in stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+        assert len(checks) == 10 and all(line.startswith("PASS") for line in checks), stdout
+        assert "negative control: FAIL ring, zig-zag, no rescale" in stdout, stdout
+
+
 # --------------------------------------------------------------------------- 7. every script at N = every GPU
 
 # What a user runs with `torchrun --nproc_per_node=<GPUs>` (the README's promise), with the arguments
@@ -572,13 +607,22 @@ SCRIPTS_AT_EVERY_GPU = [
     ("bench_scaling.py", "--model", "small", "--steps", "5"),
     ("train_ddp.py", "--epochs", "2", "--out", "out"),
     ("c11c_accumulation.py", "--layouts", "ddp", "fsdp", "--out", "accumulation.json"),
+    # Refused in one line on other than 4 GPUs.
+    ("c13a_context_parallel.py", "--out", "cp.json"),
+    # Refused in one line on other than 2 GPUs.
+    ("train_gpt.py", "--parallel", "cp", "--steps", "4", "--out", "cp"),
     *[
         ("train_gpt.py", "--parallel", layout, "--steps", "4", "--out", layout)
         for layout in ("ddp", "fsdp", "tp", "2d", "pp", "dp_pp")
     ],
+    # Refused in one line on 1 GPU (ep needs 2) and where 8 experts do not divide over the GPUs.
+    ("train_gpt.py", "--parallel", "ep", "--moe-experts", "8", "--steps", "4", "--out", "ep"),
 ]
 # Lines that say False or FAIL on purpose: negative controls and demonstrations of a mistake.
-EXPECTED_FALSE = {"c05_ddp_internals.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal")}
+EXPECTED_FALSE = {
+    "c05_ddp_internals.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal"),
+    "c13a_context_parallel.py": ("negative control:",),
+}
 FAILED_CHECK = re.compile(r"\bFAIL\b|MISMATCH|:\s*False\b|:\s*NO\b")
 
 
@@ -638,6 +682,7 @@ LAB_CHECKS = [
     ("lab07_tp_check.py",),
     ("lab08_check.py",),
     ("lab11_check.py",),
+    ("lab13_check.py",),
 ]
 
 

@@ -45,6 +45,7 @@ NO_GROUP = {
     "lab07_tp.py",
     "lab08_sharded_optimizer.py",
     "lab11_zero3.py",
+    "lab13_ring.py",
 }
 # What a script needs to reach its join (arguments, or a function to call instead of __main__).
 ARGS = {
@@ -53,6 +54,7 @@ ARGS = {
     "train_ddp.py": ["--out", "OUT"],
     "train_gpt.py": ["--parallel", "ddp", "--out", "OUT"],
     "c11c_accumulation.py": ["--out", "OUT"],
+    "c13a_context_parallel.py": ["--out", "OUT"],
     "lab04_buggy.py": ["--out", "OUT"],
     "lab04_fixed.py": ["--out", "OUT"],
     "lab05_check.py": ["--only", "DDP"],

@@ -64,6 +64,23 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
         (["--parallel", "ddp", "--grad-accum", "4", "--global-batch-size", "20"], 2, "x 4 micro-batches"),
         (["--sync-every-micro-batch"], 1, "--sync-every-micro-batch needs --parallel ddp, fsdp or 2d, got single"),
         (["--parallel", "fsdp", "--sync-every-micro-batch", "--grad-accum", "2"], 2, None),
+        (["--parallel", "cp"], 1, "--parallel cp splits each sequence over 2 processes, but the world size is 1"),
+        (["--parallel", "cp"], 4, "but the world size is 4"),
+        (["--parallel", "cp", "--digits", "3"], 2, "4 equal zig-zag chunks: --digits 3 gives 11 tokens"),
+        (["--parallel", "cp", "--variable-length", "--grad-accum", "2"], 2, None),
+        (["--moe-experts", "4", "--capacity-factor", "0.5", "--top-k", "1"], 1, None),
+        (["--moe-experts", "-1"], 1, "--moe-experts must be at least 0 (0: the dense MLP), got -1"),
+        (["--moe-experts", "4", "--parallel", "ddp"], 2, "runs with --parallel single, ep or dp_ep, got ddp"),
+        (["--moe-experts", "2", "--top-k", "3"], 1, "--top-k must be 1 to the 2 experts, got 3"),
+        (["--moe-experts", "4", "--capacity-factor", "0"], 1, "--capacity-factor must be above 0"),
+        (["--parallel", "ep"], 2, "--parallel ep spreads experts over the ranks: add --moe-experts E"),
+        (["--parallel", "ep", "--moe-experts", "4"], 1, "it needs at least 2, got 1"),
+        (["--parallel", "ep", "--moe-experts", "6"], 4, "--parallel ep: the 6 experts do not divide over 4 ranks"),
+        (["--parallel", "ep", "--moe-experts", "4", "--global-batch-size", "8"], 4, None),
+        (["--parallel", "dp_ep", "--moe-experts", "4"], 2, "dp_ep needs a multiple of 2 processes, at least 4"),
+        (["--parallel", "dp_ep", "--moe-experts", "3"], 4, "the 3 experts do not divide over 2 ranks"),
+        (["--parallel", "dp_ep", "--moe-experts", "2", "--grad-accum", "2"], 6, "by the 6 data-parallel ranks x 2"),
+        (["--parallel", "ep", "--moe-experts", "2", "--checkpoint-dir", "CKPT"], 2, "saves no checkpoints yet"),
         (["--checkpoint-every", "4"], 1, "--checkpoint-every and --async-checkpoint need --checkpoint-dir"),
         (["--checkpoint-dir", "CKPT", "--checkpoint-every", "0"], 1, "--checkpoint-every must be at least 1, got 0"),
         (["--checkpoint-dir", "OUT_IS_A_FILE"], 1, "exists and is not a folder"),
@@ -109,13 +126,21 @@ def test_arguments(train_gpt, tmp_path, monkeypatch, capsys, args, world_size, m
 
 
 def test_mesh_shapes(train_gpt):
-    shapes = [train_gpt.mesh_shape(layout, 4) for layout in train_gpt.LAYOUTS]
-    assert shapes == [(4, 1, 1), (4, 1, 1), (4, 1, 1), (1, 1, 4), (2, 1, 2), (1, 4, 1), (2, 2, 1)]
+    shapes = [train_gpt.mesh_shape(layout, 4) for layout in train_gpt.LAYOUTS if layout != "cp"]
+    assert shapes == [(4, 1, 1), (4, 1, 1), (4, 1, 1), (1, 1, 4), (2, 1, 2), (1, 4, 1), (2, 2, 1), (4, 1, 1), (4, 1, 1)]
+    # The mesh main() builds: the old layouts' three dimensions, and cp's own only where it splits.
+    assert train_gpt.mesh_dims("2d", 4) == {"dp": 2, "pp": 1, "tp": 2}
+    assert train_gpt.mesh_dims("cp", 2) == {"dp": 1, "pp": 1, "cp": 2, "tp": 1}
+    # ep and dp_ep: every rank data-parallel for the dense weights; the experts' own (expert dp, ep) mesh.
+    assert train_gpt.mesh_dims("dp_ep", 4) == {"dp": 4, "pp": 1, "tp": 1}
+    assert [train_gpt.expert_mesh_shape(layout, 4) for layout in ("ep", "dp_ep")] == [(1, 4), (2, 2)]
 
 
 def test_help_names_the_contract(train_gpt, capsys):
     with pytest.raises(SystemExit):
         train_gpt.parse_args(["--help"])
     text = capsys.readouterr().out
-    for flag in ["--variable-length", "--grad-accum", "--checkpoint-dir", "--checkpoint-every", "--resume", "dp_pp"]:
+    flags = ["--variable-length", "--grad-accum", "--checkpoint-dir", "--checkpoint-every", "--resume", "dp_pp", ",cp"]
+    flags += ["--moe-experts", "--top-k", "--capacity-factor", "--aux-loss-weight", ",ep,", "dp_ep"]
+    for flag in flags:
         assert flag in text, flag

@@ -31,7 +31,12 @@ REFUSED = [
     ("train_gpt.py", 6, ["--parallel", "2d", "--out", "o"]),  # 64 problems over 3 dp groups
     ("train_gpt.py", 3, ["--parallel", "pp", "--out", "o"]),  # 2 pipeline stages, one per process
     ("train_gpt.py", 6, ["--parallel", "dp_pp", "--out", "o"]),  # 64 problems over 3 dp groups x 4 micro-batches
+    ("train_gpt.py", 3, ["--parallel", "cp", "--out", "o"]),  # the sequence over 2 ranks
+    ("train_gpt.py", 3, ["--parallel", "ep", "--moe-experts", "4", "--out", "o"]),  # 4 experts over 3 ranks
+    ("train_gpt.py", 6, ["--parallel", "dp_ep", "--moe-experts", "4", "--out", "o"]),  # 64 problems over 6 ranks
     ("train_ddp.py", 3, ["--out", "o"]),  # 64 problems over 3 ranks
+    ("c11c_accumulation.py", 3, ["--out", "o"]),  # 2d is 2 x 2
+    ("c13a_context_parallel.py", 3, ["--out", "o"]),  # its sequence and heads cut for 4
 ]
 # ... and counts where the script's own arithmetic changes, which it must accept.
 ACCEPTED = [
