@@ -15,6 +15,7 @@ from parallel_course.explorers import (
 )
 from parallel_course.explorers.base import Explorer
 from parallel_course.explorers.cost_model import GBIT
+from parallel_course.explorers.layout_memory import settings_text
 from parallel_course.explorers.zero import draw, summary
 
 EXPLORERS = [
@@ -112,3 +113,26 @@ def test_layout_memory_explorer_follows_its_controls_and_keeps_t_a_divisor_of_n(
     assert ui.values["tp"] == 2 and "N = 2, t = 2" in ui.result.value
     ui.controls["checkpointing"].value = True
     assert "every block checkpointed" in ui.result.value
+
+
+def test_layout_memory_explorer_knows_cp_and_experts_and_keeps_their_degrees_divisors():
+    dense = layout_memory_explorer()
+    assert [c.description for c in dense.children[6:11]] == [
+        "context parallel cp",
+        "experts E",
+        "top-k",
+        "capacity factor C",
+        "expert parallel ep",
+    ]
+    assert dense.controls["ep"].disabled  # dense by default, and the repr of before
+    assert repr(dense) == "LayoutMemoryExplorer(N=64, t=8, s=2048, b=4, checkpointing=False)"
+    ui = layout_memory_explorer(cp=4, experts=64, ep=8)
+    assert ui.result.value != dense.result.value and ui.plot.value != dense.plot.value
+    assert "cp = 4, ep = 8" in ui.result.value and "64 experts per block, top-2" in ui.result.value
+    assert not ui.controls["ep"].disabled
+    ui.controls["world_size"].value = 16  # N/t = 2 data ranks: cp and ep follow
+    assert (ui.values["cp"], ui.values["ep"]) == (2, 2)
+    ui.controls["experts"].value = 0  # dense: no expert parallelism
+    assert ui.values["ep"] == 1 and ui.controls["ep"].disabled
+    widest = dict(world_size=1024, tp=8, seq_len=131072, micro_batch=16, checkpointing=False, cp=32)
+    assert len(settings_text(widest | dict(experts=128, ep=32, top_k=4, capacity_factor=1.25))) <= 110
