@@ -203,8 +203,11 @@ def recording_clip_grad_norm_(parameters, *args, **kwargs):
 torch.amp.GradScaler.unscale_ = recording_unscale_
 torch.nn.utils.clip_grad_norm_ = recording_clip_grad_norm_
 sys.argv = [script, *sys.argv[3:]]
-runpy.run_path(script, run_name="__main__")
-(events_dir / f"events_rank{os.environ['RANK']}.json").write_text(json.dumps(events))
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    # The script ends with sys.exit: the events are written on the way out.
+    (events_dir / f"events_rank{os.environ['RANK']}.json").write_text(json.dumps(events))
 """
 
 
@@ -622,6 +625,9 @@ SCRIPTS_AT_EVERY_GPU = [
 EXPECTED_FALSE = {
     "c05_ddp_internals.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal"),
     "c13a_context_parallel.py": ("negative control:",),
+    # On a GPU the 16-bit losses pass within 2**-8 without being equal to fp32's (the line's
+    # "equal: False"); the same line with FAIL is a failure.
+    "c08_fsdp_options.py": ("losses of 5 steps, 16-bit compute vs fp32 (every rank): PASS",),
 }
 FAILED_CHECK = re.compile(r"\bFAIL\b|MISMATCH|:\s*False\b|:\s*NO\b")
 
