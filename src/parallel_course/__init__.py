@@ -20,12 +20,13 @@ Small modules, each doing what its name says:
 - ``input_pipeline`` data sets and timers for feeding a training step (11b)
 - ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
 - ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it
+- ``planner``        memory, step time, tokens/s and MFU of a layout; feasible layouts ranked (14a)
 - ``checks``         clear verdicts for lab check cells
 - ``scriptdiff``     what a notebook's %%writefile cells write; a step's change as a diff (04, 09)
 - ``excerpts``       the functions of a long script that a lecture shows; scripts copied to work/
 - ``explorers``      ipywidgets explorers over the functions above, one pattern (``explorers.base``),
                      one module each: placement (00), cost_model (01), ring (03), pipeline (07a),
-                     zero (08), layout_memory (11)
+                     zero (08), layout_memory (11), planner (14a)
 """
 
 from .launch import setup_notebook

@@ -136,3 +136,33 @@ def test_layout_memory_explorer_knows_cp_and_experts_and_keeps_their_degrees_div
     assert ui.values["ep"] == 1 and ui.controls["ep"].disabled
     widest = dict(world_size=1024, tp=8, seq_len=131072, micro_batch=16, checkpointing=False, cp=32)
     assert len(settings_text(widest | dict(experts=128, ep=32, top_k=4, capacity_factor=1.25))) <= 110
+
+
+def test_planner_explorer_follows_its_controls_and_says_why_a_layout_fails():
+    # Imported here: this test is appended after the module's list of explorers.
+    from parallel_course import planner as P
+    from parallel_course.explorers import planner_explorer
+    from parallel_course.explorers.planner import plan_of
+
+    ui = planner_explorer()
+    assert [c.description for c in ui.children[:5]] == [
+        "model",
+        "cluster",
+        "nodes (8 GPUs)",
+        "global batch",
+        "tensor parallel tp",
+    ]
+    # The one pattern (test_every_explorer_is_the_one_pattern): text and figure from the start.
+    assert isinstance(ui, Explorer) and ui.result.value and bytes(ui.plot.value).startswith(b"\x89PNG")
+    assert len(repr(ui)) <= 110 and list(ui.children[: len(ui.controls)]) == list(ui.controls.values())
+    assert ui.summary() == plan_of(**ui.values).summary() and "dp=16 tp=4" in ui.result.value
+    before = (ui.result.value, ui.plot.value)
+    ui.controls["tp"].value = 2  # what the browser test does: tp one step down, dp follows
+    assert ui.result.value != before[0] and ui.plot.value != before[1] and "dp=32 tp=2" in ui.result.value
+    ui.controls["zero"].value = 0
+    ui.controls["tp"].value = 1  # 6.9 B parameters of plain DDP: 16 bytes each do not fit
+    assert "rejected: needs" in ui.result.value and "GB per GPU" in ui.result.value
+    ui.controls["nodes"].value = 1
+    ui.controls["pp"].value = 16  # more stages than GPUs, and than the 32 layers allow
+    assert "cannot run" in ui.result.value and "the cluster has 8" in ui.result.value
+    assert P.plan(P.model("gpt3-6.7b"), P.cluster("a100-80gb", 1), P.Layout(1, pp=16), 512).problems[0] in ui.summary()
