@@ -10,7 +10,9 @@
 global batches, so its per-step losses equal the single process's up to float rounding, also with
 problems of mixed lengths (`--variable-length`) and gradients accumulated over micro-batches
 (`--grad-accum K`). Writes metrics.json (losses, parameters and memory per rank, the sharding, the
-collectives of one tensor-parallel block) and final.pt (the whole model, from rank 0) to --out.
+collectives of one tensor-parallel block, the throughput: tokens/s and model FLOP/s) and final.pt
+(the whole model, from rank 0) to --out. With `--mfu` every process also measures its matrix-product
+peak, and the last line gives the model FLOPs utilisation against their sum.
 
 With `--checkpoint-dir`, it saves a checkpoint every `--checkpoint-every` steps, and when the job
 is preempted (SIGTERM or SIGUSR1); `--resume` continues from one in any layout and world size.
@@ -59,8 +61,10 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dist_setup import setup, teardown
-from parallel_course.context_parallel import positions_of, ring_attention
+from parallel_course.context_parallel import AllToAll, positions_of, ring_attention
 from parallel_course.gpt import GPT, IGNORE, AdditionTask, GPTConfig, MoE, answer_loss_sum
+from parallel_course.planner import flops_per_token
+from parallel_course.throughput import describe, measure_matmul_peak, summary
 
 LAYOUTS = ("single", "ddp", "fsdp", "tp", "2d", "pp", "dp_pp", "cp", "ep", "dp_ep")
 # Tensor-parallel ranks per data-parallel group in the 2d layout.
@@ -194,6 +198,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resume", type=Path, help="a checkpoint, or a --checkpoint-dir: continue from its newest")
     parser.add_argument(
         "--resume-weights-only", action="store_true", help="with --resume: the weights, not the optimizer's state"
+    )
+    parser.add_argument(
+        "--mfu",
+        action="store_true",
+        help="measure each process's float32 matmul peak after training, print the throughput and MFU (rank 0)",
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for metrics.json and final.pt")
     args = parser.parse_args(argv)
@@ -403,25 +412,6 @@ def apply_pp(model: GPT, pp_mesh: DeviceMesh) -> None:
         model.tok_emb = model.pos_emb = None
     if stage < stages - 1:
         model.ln_f = model.head = None
-
-
-class AllToAll(torch.autograd.Function):
-    """all_to_all_single in equal chunks, differentiable: chunk j of this rank's input goes to rank j,
-    chunk j of its output came from rank j. Applied twice it gives the input back, so its backward
-    sends each gradient to where its value came from with the same exchange."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x.contiguous(), group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        out = torch.empty_like(grad)
-        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
-        return out, None
 
 
 def dispatch(experts, args, group):
@@ -766,19 +756,67 @@ def pipeline_forward_backward(schedule, first_stage: bool, x, y, scale: float, l
     return sum(scaled) / scale
 
 
+def make_optimizer(model, lr: float) -> torch.optim.AdamW:
+    """AdamW over every parameter of this rank."""
+    # On a GPU, AdamW updates every parameter in one foreach kernel, which cannot mix DTensors with
+    # plain tensors: in the tp layout the embeddings and norms stay plain beside the sharded weights.
+    mixed = len({isinstance(p, DTensor) for p in model.parameters()}) > 1
+    return torch.optim.AdamW(model.parameters(), lr=lr, foreach=False if mixed else None)
+
+
+class StepClock:
+    """When each optimizer step ends (a hook on the optimizer): the time between two ends is one whole
+    step, data, forward, backward, communication, update and any checkpoint saved after it. The first
+    interval starts when the clock is made, and pays for the warm-ups."""
+
+    def __init__(self, optimizer, device: torch.device):
+        self.device, self.ends = device, [time.perf_counter()]
+        optimizer.register_step_post_hook(self.tick)
+
+    def tick(self, optimizer, args, kwargs) -> None:
+        # A GPU runs behind the Python that queued its work: the step ends when the device is done.
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.ends.append(time.perf_counter())
+
+    @property
+    def step_times_s(self) -> list[float]:
+        return [end - start for start, end in zip(self.ends, self.ends[1:])]
+
+
+def throughput(args, step_times_s: list[float], device: torch.device) -> dict:
+    """The run's throughput (parallel_course.throughput.summary): tokens per step and model FLOPs per
+    token of the whole global batch (planner.flops_per_token: 6 x the matmul weights a token uses,
+    plus attention), the median step after the first. With --mfu, each process's matmul peak, measured
+    now while the others measure theirs (the cores are shared as in training): a collective."""
+    cfg, seq_len = GPTConfig(moe_experts=args.moe_experts, top_k=args.top_k), AdditionTask(args.digits).seq_len
+    per_token = flops_per_token(
+        layers=cfg.n_layers,
+        hidden=cfg.d_model,
+        seq_len=seq_len,
+        vocab=cfg.vocab_size,
+        ffn=cfg.mlp_ratio * cfg.d_model,
+        moe_experts=cfg.moe_experts,
+        top_k=cfg.top_k,
+    )
+    peaks = None
+    if args.mfu:
+        peaks = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, measure_matmul_peak(device=device).flops_per_s)
+    return summary(args.global_batch_size * seq_len, step_times_s, per_token, peaks)
+
+
 def train(args, model, wrapper, mesh, device, experts=None):
     """The training loop from --resume's step (or 0) to --steps; returns the global mean loss of
     every step it trained, this rank's memory, the collectives of one block in its first step, what
-    checkpointing cost (None if preempted), and each step's ExpertLoad (experts: ep's expert mesh)."""
+    checkpointing cost, each step's ExpertLoad (experts: ep's expert mesh) and time (None if preempted)."""
     task = AdditionTask(args.digits, args.variable_length)
     # Every rank draws every global batch, and trains on its data-parallel share of it.
     data = torch.Generator().manual_seed(args.seed + 1)
     dp_size, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
     per_rank = args.global_batch_size // dp_size
-    # On a GPU, AdamW updates every parameter in one foreach kernel, which cannot mix DTensors with
-    # plain tensors: in the tp layout the embeddings and norms stay plain beside the sharded weights.
-    mixed = len({isinstance(p, DTensor) for p in model.parameters()}) > 1
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False if mixed else None)
+    optimizer = make_optimizer(model, args.lr)
+    clock = StepClock(optimizer, device)
     if args.resume:
         load_checkpoint(args, model, optimizer, data)
     pipelined, loss_scale = mesh["pp"].size() > 1, {}
@@ -837,7 +875,7 @@ def train(args, model, wrapper, mesh, device, experts=None):
     memory["optimizer_state_bytes"] = nbytes(
         t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
     )
-    return losses, memory, collectives, checkpoints.saves, expert_steps
+    return losses, memory, collectives, checkpoints.saves, expert_steps, clock.step_times_s
 
 
 def whole_model(model: GPT, mesh: DeviceMesh, experts=None) -> dict[str, torch.Tensor]:
@@ -890,12 +928,13 @@ def main(argv=None) -> int:
     if trained is None:
         # Preempted: the checkpoint is the result.
         return 0
-    losses, memory, collectives, saves, expert_steps = trained
+    losses, memory, collectives, saves, expert_steps, step_times_s = trained
     if args.steps == 0:
         if rank == 0:
             sys.stdout.write(f"seed checkpoint: the initial weights in {args.checkpoint_dir / 'step-000000'}\n")
         return 0
 
+    figures = throughput(args, step_times_s, device)
     mine = {"local_parameters": sum(local(p).numel() for p in model.parameters()), **memory}
     # Each rank's own figures, in rank order.
     every = [None] * world_size
@@ -927,6 +966,7 @@ def main(argv=None) -> int:
             "sequence_parallel": args.sequence_parallel,
             "collectives_per_block": collectives,
             "checkpoints": saves,
+            "throughput": figures,
         }
         if args.moe_experts:
             metrics["moe"] = {
@@ -948,6 +988,8 @@ def main(argv=None) -> int:
             f"wrote {args.out / 'metrics.json'} and final.pt; each rank stores "
             f"{metrics['local_parameters']} of {total:,} parameter elements\n"
         )
+        if args.mfu:
+            sys.stdout.write(describe(figures) + "\n")
     return 0
 
 

@@ -8,7 +8,7 @@ a moment between two cells). Then:
 
 - chapter 00 as it is: printed output and a `!torchrun` cell's output appear, and moving the
   placement slider with the keyboard changes the kernel-computed placement;
-- every explorer of the course (00, 01, 03, 07, 08, 11), taken verbatim from its lecture: moving one
+- every explorer of the course (00, 01, 03, 07, 08, 11, 14a), taken verbatim from its lecture: moving one
   control changes what the kernel computes and shows (text or figure), not just the slider.
 
 Waits are conditions with generous deadlines, so a loaded machine makes the test slower, never
@@ -43,6 +43,7 @@ EXPLORER_CELLS = [
     ("07a_pipeline_parallelism.ipynb", "pipeline_explorer(", "micro-batches m"),
     ("08_sharding_zero_fsdp.ipynb", "zero_calculator(", "ranks N"),
     ("11_capstone_gpt.ipynb", "layout_memory_explorer(", "sequence length"),
+    ("14a_planning_a_run.ipynb", "planner_explorer(", "tensor parallel tp"),
 ]
 EXPLORER_IMPORTS = """\
 import torch
@@ -52,6 +53,7 @@ from parallel_course.explorers import (
     layout_memory_explorer,
     pipeline_explorer,
     placement_explorer,
+    planner_explorer,
     ring_allreduce_explorer,
     zero_calculator,
 )

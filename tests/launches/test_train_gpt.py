@@ -5,15 +5,16 @@ parallelism, each rank storing its share) are launched and asserted by notebook 
 nbval; accumulation, the pipeline layouts and checkpoints that change layout by notebook 11c; on
 nccl by tests/gpu/test_gpu.py; preemption by tests/launches/test_preemption.py. Here the argument
 checks run in this process, and one bad command line as a process: one error line, exit code 2,
-nothing written.
+nothing written; and one short run with --mfu, for the throughput figures in metrics.json.
 """
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import load_script
+from helpers import job_environment, load_script
 from parallel_course.launch import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,6 +142,32 @@ def test_help_names_the_contract(train_gpt, capsys):
         train_gpt.parse_args(["--help"])
     text = capsys.readouterr().out
     flags = ["--variable-length", "--grad-accum", "--checkpoint-dir", "--checkpoint-every", "--resume", "dp_pp", ",cp"]
-    flags += ["--moe-experts", "--top-k", "--capacity-factor", "--aux-loss-weight", ",ep,", "dp_ep"]
+    flags += ["--moe-experts", "--top-k", "--capacity-factor", "--aux-loss-weight", ",ep,", "dp_ep", "--mfu"]
     for flag in flags:
         assert flag in text, flag
+
+
+def test_throughput_and_mfu(tmp_path):
+    """One short run with --mfu: metrics.json holds the throughput (tokens per step, step times, model
+    FLOPs per token from the planner's formula) and the MFU against the measured peak, and the last
+    line says so. No timing is compared with another: only that each is a positive time."""
+    from parallel_course.planner import flops_per_token
+
+    out = tmp_path / "out"
+    command = [sys.executable, str(SCRIPT), "--steps", "3", "--global-batch-size", "8", "--mfu", "--out", str(out)]
+    result = run_bounded(command, timeout=120, env=job_environment())
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((out / "metrics.json").read_text())["throughput"]
+    # digits 2: 8 tokens a problem; the course's GPT: 2 layers, width 64, 12 tokens.
+    assert figures["tokens_per_step"] == 8 * 8 and figures["steps_timed"] == 2
+    assert figures["model_flops_per_token"] == flops_per_token(layers=2, hidden=64, seq_len=8, vocab=12)
+    assert len(figures["step_times_s"]) == 3 and min(figures["step_times_s"]) > 0
+    assert figures["tokens_per_s"] == pytest.approx(64 / figures["median_step_s"])
+    assert len(figures["peak_flops_per_s_per_process"]) == 1 and 0 < figures["mfu"] < 1.5
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith("throughput: 64 tokens per step") and last.endswith("x") and "MFU" in last
+
+
+def test_mfu_is_opt_in(train_gpt, tmp_path):
+    # Without the flag no peak is measured and nothing more is printed (the run's last line is the same).
+    assert train_gpt.parse_args(["--out", str(tmp_path)]).mfu is False
