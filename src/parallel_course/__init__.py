@@ -23,7 +23,7 @@ Small modules, each doing what its name says:
 - ``planner``        memory, step time, tokens/s and MFU of a layout; feasible layouts ranked (14a)
 - ``throughput``     the matmul peak measured as 06a does; a run's step times, tokens/s, model FLOP/s and MFU (14a)
 - ``fake_cluster``   a GPT of a real size sharded over a fake (dp, tp) mesh of hundreds of ranks in one process (14a)
-- ``communication``  bytes DDP's hooks, HSDP and local SGD put on each link, counted and by formula; DiLoCo's outer step (14c)
+- ``communication``  bytes on each link of DDP's hooks, HSDP and local SGD, counted; DiLoCo's outer step (14c)
 - ``checks``         clear verdicts for lab check cells
 - ``scriptdiff``     what a notebook's %%writefile cells write; a step's change as a diff (04, 09)
 - ``excerpts``       the functions of a long script that a lecture shows; scripts copied to work/
