@@ -23,6 +23,7 @@ Small modules, each doing what its name says:
 - ``planner``        memory, step time, tokens/s and MFU of a layout; feasible layouts ranked (14a)
 - ``throughput``     the matmul peak measured as 06a does; a run's step times, tokens/s, model FLOP/s and MFU (14a)
 - ``fake_cluster``   a GPT of a real size sharded over a fake (dp, tp) mesh of hundreds of ranks in one process (14a)
+- ``debugging``      flight records read (who is behind, the first mismatch), every rank's stack, stragglers (14b)
 - ``communication``  bytes on each link of DDP's hooks, HSDP and local SGD, counted; DiLoCo's outer step (14c)
 - ``checks``         clear verdicts for lab check cells
 - ``scriptdiff``     what a notebook's %%writefile cells write; a step's change as a diff (04, 09)

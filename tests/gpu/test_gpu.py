@@ -620,6 +620,15 @@ SCRIPTS_AT_EVERY_GPU = [
     ],
     # Refused in one line on 1 GPU (ep needs 2) and where 8 experts do not divide over the GPUs.
     ("train_gpt.py", "--parallel", "ep", "--moe-experts", "8", "--steps", "4", "--out", "ep"),
+    # The matmul peak measured on each GPU, the throughput line from rank 0.
+    ("train_gpt.py", "--parallel", "ddp", "--steps", "4", "--mfu", "--out", "mfu"),
+    ("c14b_debugging.py", "straggler", "--out", "."),
+    # Refused in one line where GPUs are visible (the lecture shows gloo's flight record).
+    ("c14b_debugging.py", "stuck", "--out", "."),
+    # On nccl the bf16 hook registers and trains instead of refusing.
+    ("c14c_talking_less.py", "--mode", "hooks", "local-sgd", "--out", "."),
+    # Refused in one line on other than 4 GPUs (a 2 x 2 mesh).
+    ("c14c_talking_less.py", "--mode", "hsdp", "--out", "."),
 ]
 # Lines that say False or FAIL on purpose: negative controls and demonstrations of a mistake.
 EXPECTED_FALSE = {

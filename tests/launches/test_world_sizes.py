@@ -37,6 +37,8 @@ REFUSED = [
     ("train_ddp.py", 3, ["--out", "o"]),  # 64 problems over 3 ranks
     ("c11c_accumulation.py", 3, ["--out", "o"]),  # 2d is 2 x 2
     ("c13a_context_parallel.py", 3, ["--out", "o"]),  # its sequence and heads cut for 4
+    ("c14b_debugging.py", 1, ["stuck", "--out", "o"]),  # a rank to wait for another
+    ("c14b_debugging.py", 1, ["mismatch", "--out", "o"]),
     ("c14c_talking_less.py", 3, ["--mode", "hsdp", "--out", "o"]),  # a 2 x 2 mesh
 ]
 # ... and counts where the script's own arithmetic changes, which it must accept.
