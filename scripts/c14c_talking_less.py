@@ -68,6 +68,23 @@ def per_step(calls_by_step):
     return [totals(calls) for calls in calls_by_step]
 
 
+def train_counted(model, optimizer, args, sizes, device, index, parts):
+    """args.steps steps, each on share ``index`` of ``parts`` of a global batch of args.batch rows per
+    rank, every collective counted: (this rank's losses, the calls of each step)."""
+    losses, calls = [], []
+    with CollectiveCounter() as counter:
+        for step in range(args.steps):
+            x, y = global_batch(step, args.batch * dist.get_world_size(), sizes, device)
+            loss = F.mse_loss(model(share(x, index, parts)), share(y, index, parts))
+            optimizer.zero_grad()
+            # DDP waits for every bucket's future (and its callbacks) before backward() returns.
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            calls.append(counter.clear())
+    return losses, calls
+
+
 # --mode hooks
 
 
@@ -89,17 +106,7 @@ def train_ddp(hook_name, args, device, rank, world_size):
         )
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    losses, calls = [], []
-    with CollectiveCounter() as counter:
-        for step in range(args.steps):
-            x, y = global_batch(step, args.batch * world_size, sizes, device)
-            loss = F.mse_loss(model(share(x, rank, world_size)), share(y, rank, world_size))
-            optimizer.zero_grad()
-            # DDP waits for every bucket's future (and its callbacks) before backward() returns.
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            calls.append(counter.clear())
+    losses, calls = train_counted(model, optimizer, args, sizes, device, rank, world_size)
     shapes = [list(p.shape) for p in model.module.parameters()]
     return gathered_losses(losses, device).mean(0).tolist(), per_step(calls), shapes
 
@@ -170,16 +177,7 @@ def train_sharded(layout, args, device, rank, world_size):
         data_index = mesh["shard"].get_local_rank() if layout == "hsdp, data by shard rank" else rank
         data_parts = world_size
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    losses, calls = [], []
-    with CollectiveCounter() as counter:
-        for step in range(args.steps):
-            x, y = global_batch(step, args.batch * world_size, sizes, device)
-            loss = F.mse_loss(model(share(x, data_index, data_parts)), share(y, data_index, data_parts))
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            calls.append(counter.clear())
+    losses, calls = train_counted(model, optimizer, args, sizes, device, data_index, data_parts)
     if layout == "single":
         return {"losses": losses}
     parameters = [p for p in model.parameters()]
