@@ -2,7 +2,9 @@
 
 - ``CollectiveCounter``: while open, records every ``all_reduce``, ``all_gather_single`` and
   ``reduce_scatter_single`` that goes through ``torch.distributed`` (DDP's communication hooks,
-  PowerSGD and FSDP2 call them there): the operation, its group, dtype and bytes.
+  PowerSGD and FSDP2 call them there): the operation, its group, dtype and bytes. On torch 2.11
+  and 2.12 the last two are ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (what FSDP2
+  calls there): the counter wraps whichever names the running torch has (``compat``).
 - Expected bytes: a DDP bucket sent whole, in 16 bits, or as PowerSGD's factors; what a ring
   sends per rank for each collective; HSDP and FSDP per step and per link.
 - Local SGD / DiLoCo's outer step written by hand.
@@ -11,11 +13,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from parallel_course import compat
 
 COUNTED = ("all_reduce", "all_gather_single", "reduce_scatter_single")
 
@@ -57,9 +61,12 @@ def ring_bytes_sent(op: str, payload_bytes: int, group_size: int) -> int:
 class CollectiveCounter:
     """Record the collectives called through ``torch.distributed`` while open.
 
-    Wraps ``dist.all_reduce``, ``dist.all_gather_single`` and ``dist.reduce_scatter_single`` and
-    puts them back on exit. PowerSGD starts later all-reduces from a future's callback, on
-    another thread, so the list is guarded by a lock; read it after the step has finished.
+    Wraps ``dist.all_reduce`` and every name the running torch has for the single-tensor
+    all-gather and reduce-scatter (``all_gather_single`` or, before torch 2.13,
+    ``all_gather_into_tensor``; the same for the reduce-scatter), records each under the names of
+    ``COUNTED``, and puts them back on exit. PowerSGD starts later all-reduces from a future's
+    callback, on another thread, so the list is guarded by a lock; read it after the step has
+    finished.
     """
 
     def __init__(self):
@@ -72,25 +79,35 @@ class CollectiveCounter:
         with self._lock:
             self.calls.append(call)
 
+    def _counted(self, canonical: str, original):
+        # The same parameters as torch's functions, so that callers may pass any of them by name.
+        if canonical == "all_reduce":
+
+            def counted(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+                self._record("all_reduce", tensor, group)
+                return original(tensor, op=op, group=group, async_op=async_op)
+
+        elif canonical == "all_gather_single":
+
+            def counted(output_tensor, input_tensor, group=None, async_op=False):
+                self._record("all_gather_single", input_tensor, group)
+                return original(output_tensor, input_tensor, group=group, async_op=async_op)
+
+        else:
+
+            def counted(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+                self._record("reduce_scatter_single", input, group)
+                return original(output=output, input=input, op=op, group=group, async_op=async_op)
+
+        return counted
+
     def __enter__(self) -> CollectiveCounter:
-        self._originals = {name: getattr(dist, name) for name in COUNTED}
-        all_reduce, all_gather, reduce_scatter = (self._originals[name] for name in COUNTED)
-
-        def counted_all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-            self._record("all_reduce", tensor, group)
-            return all_reduce(tensor, op=op, group=group, async_op=async_op)
-
-        def counted_all_gather(output_tensor, input_tensor, group=None, async_op=False):
-            self._record("all_gather_single", input_tensor, group)
-            return all_gather(output_tensor, input_tensor, group=group, async_op=async_op)
-
-        def counted_reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
-            self._record("reduce_scatter_single", input, group)
-            return reduce_scatter(output=output, input=input, op=op, group=group, async_op=async_op)
-
-        dist.all_reduce = counted_all_reduce
-        dist.all_gather_single = counted_all_gather
-        dist.reduce_scatter_single = counted_reduce_scatter
+        names = {"all_reduce": ("all_reduce",)}
+        names.update({canonical: compat.present_names(canonical) for canonical in COUNTED[1:]})
+        self._originals = {name: getattr(dist, name) for canonical in COUNTED for name in names[canonical]}
+        for canonical in COUNTED:
+            for name in names[canonical]:
+                setattr(dist, name, self._counted(canonical, self._originals[name]))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -169,10 +186,27 @@ def powersgd_step_bytes(
 # HSDP and FSDP: bytes per step, per link.
 
 
+def mesh_groups(rank: int, replicate: int, shard: int) -> dict[str, tuple[int, ...]]:
+    """The global ranks of ``rank``'s two groups on a (replicate, shard) mesh laid out as
+    ``init_device_mesh`` lays it out (row-major: rank = i * shard + j): "shard", the ``shard``
+    consecutive ranks of its row (a node, when a node holds ``shard`` ranks); "replicate", the
+    ranks of its column, one per row."""
+    i, j = divmod(rank, shard)
+    return {
+        "shard": tuple(i * shard + k for k in range(shard)),
+        "replicate": tuple(k * shard + j for k in range(replicate)),
+    }
+
+
 def sharded_step_calls(
-    group_elements: Iterable[int], replicate: int, shard: int, regathered: Iterable[bool], element_size: int = 4
+    group_elements: Iterable[int],
+    replicate: int,
+    shard: int,
+    regathered: Iterable[bool],
+    element_size: int = 4,
+    rank: int = 0,
 ) -> list[dict]:
-    """The collectives one rank calls in one training step of FSDP2 on a (replicate, shard) mesh.
+    """The collectives ``rank`` calls in one training step of FSDP2 on a (replicate, shard) mesh.
 
     group_elements: the parameter elements of each ``fully_shard`` group, each divisible by shard
     (no padding). For each group: an all-gather of its shard in forward, and again in backward when
@@ -180,27 +214,72 @@ def sharded_step_calls(
     backward); a reduce-scatter of its whole gradient over the shard dimension; when replicate > 1,
     an all-reduce of the gradient's shard over the replicate dimension (HSDP). With replicate 1
     this is FSDP over ``shard`` ranks (Zhao et al. 2023, "PyTorch FSDP", on hybrid sharding).
+    Each call names its group's global ranks (``mesh_groups``).
     """
+    groups = mesh_groups(rank, replicate, shard)
+    over_shard = {"group_size": shard, "ranks": groups["shard"]}
+    over_replicate = {"group_size": replicate, "ranks": groups["replicate"]}
     calls = []
     for elements, again in zip(group_elements, regathered, strict=True):
         shard_bytes = elements // shard * element_size
         for _ in range(2 if again else 1):
-            calls.append({"op": "all_gather_single", "group_size": shard, "payload_bytes": shard_bytes})
-        calls.append({"op": "reduce_scatter_single", "group_size": shard, "payload_bytes": elements * element_size})
+            calls.append({"op": "all_gather_single", **over_shard, "payload_bytes": shard_bytes})
+        calls.append({"op": "reduce_scatter_single", **over_shard, "payload_bytes": elements * element_size})
         if replicate > 1:
-            calls.append({"op": "all_reduce", "group_size": replicate, "payload_bytes": shard_bytes})
+            calls.append({"op": "all_reduce", **over_replicate, "payload_bytes": shard_bytes})
     return calls
 
 
-def bytes_by_link(calls: Iterable, ranks_per_node: int) -> dict[str, int]:
-    """Ring bytes a rank sends, split by the link its collective's group needs: "intra-node" when
-    every rank of the group is on one node (ranks_per_node consecutive global ranks), else
-    "inter-node". Takes ``Call`` records (which know their ranks)."""
+def ring_next(rank: int, ranks: Iterable[int]) -> int:
+    """The rank that ``rank`` sends to in a ring over its group: the group's next rank in order,
+    the last one sending to the first."""
+    ordered = sorted(ranks)
+    return ordered[(ordered.index(rank) + 1) % len(ordered)]
+
+
+def _sent_and_ranks(call) -> tuple[int, tuple[int, ...]]:
+    if isinstance(call, Call):
+        return call.sent_bytes, call.ranks
+    return ring_bytes_sent(call["op"], call["payload_bytes"], call["group_size"]), tuple(call["ranks"])
+
+
+def bytes_by_link(calls_by_rank: Mapping[int, Iterable], ranks_per_node: int) -> dict[str, int]:
+    """Ring bytes the ranks given send, summed, split by the link each rank sends them on.
+
+    In a ring collective a rank sends all it sends to one neighbour: the next rank of the group's
+    ring (``ring_next``, the group's ranks in order, so that a node's ranks are neighbours, as in
+    NCCL's rings). Its bytes are "inter-node" when that neighbour is on another node (a node holds
+    ``ranks_per_node`` consecutive global ranks), else "intra-node". A group that spans nodes sends
+    across them only on the ring's edges that leave a node: in a ring of 4 ranks over 2 nodes, 2
+    of its 4 edges. calls_by_rank: each rank's calls (``Call`` records, or ``sharded_step_calls``'
+    dicts). Every rank of the job given: the inter-node bytes are what all the nodes send to each
+    other, the bytes that cross node boundaries.
+    """
     out = {"intra-node": 0, "inter-node": 0}
-    for call in calls:
-        nodes = {r // ranks_per_node for r in call.ranks}
-        out["intra-node" if len(nodes) == 1 else "inter-node"] += call.sent_bytes
+    for rank, calls in calls_by_rank.items():
+        for call in calls:
+            sent, ranks = _sent_and_ranks(call)
+            same_node = ring_next(rank, ranks) // ranks_per_node == rank // ranks_per_node
+            out["intra-node" if same_node else "inter-node"] += sent
     return out
+
+
+def cross_node_bytes_per_node(layout: str, gradient_bytes: int, nodes: int, ranks_per_node: int) -> float:
+    """Bytes leaving each node per step, in the model of ``bytes_by_link``, for G gradient bytes
+    (as many as the parameters' bytes), N = nodes x ranks_per_node ranks, r = nodes:
+
+    - "ddp": one all-reduce over all N ranks; one edge of the ring leaves each node, carrying
+      what one rank sends: 2 (N - 1) / N x G.
+    - "fsdp": over all N ranks, two all-gathers (every group regathered for backward) and one
+      reduce-scatter on that edge: 3 (N - 1) / N x G.
+    - "hsdp": shard inside the node, replicate across: each of the node's ranks all-reduces its
+      shard G / s over the r nodes in a ring whose every edge crosses: 2 (r - 1) / r x G per node.
+      As nodes are added it tends to 2 G, as DDP's does: HSDP saves FSDP's all-gathers and
+      reduce-scatters on the network, not the gradients' all-reduce.
+    """
+    n, r = nodes * ranks_per_node, nodes
+    factor = {"ddp": 2 * (n - 1) / n, "fsdp": 3 * (n - 1) / n, "hsdp": 2 * (r - 1) / r}[layout]
+    return factor * gradient_bytes
 
 
 # Local SGD / DiLoCo: the outer step by hand.

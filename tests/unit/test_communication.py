@@ -1,7 +1,8 @@
 """parallel_course.communication: bytes formulas on hand-worked cases; the counter on DDP's hooks
-in a gloo group of one; DiLoCo's outer step against its arithmetic by hand. FSDP2 calls no
-collective in a group of one: the HSDP formula is checked against the count on 4 ranks, and
-the hooks and the outer step on 2, in chapter 14c's notebook."""
+in a gloo group of one, and on a torch without 2.13's collective names (faked); bytes across nodes
+counted on the ring's edges, by hand and against closed forms; DiLoCo's outer step against its
+arithmetic by hand. FSDP2 calls no collective in a group of one: the HSDP formula is checked
+against the count on 4 ranks, and the hooks and the outer step on 2, in chapter 14c's notebook."""
 
 import pytest
 import torch
@@ -79,22 +80,75 @@ def test_counter_sees_what_the_hooks_send(group_of_one):
     assert dist.all_reduce.__name__ == "all_reduce"
 
 
-def test_hsdp_formula_and_links_by_hand():
-    calls = comm.sharded_step_calls([1000], replicate=2, shard=2, regathered=[True])
-    assert [(c["op"], c["group_size"], c["payload_bytes"]) for c in calls] == [
-        ("all_gather_single", 2, 2000),
-        ("all_gather_single", 2, 2000),
-        ("reduce_scatter_single", 2, 4000),
-        ("all_reduce", 2, 2000),
+def test_the_counter_names_each_collective_the_same_on_older_torch(group_of_one, monkeypatch):
+    full, shard = torch.empty(4), torch.arange(4.0)
+    with comm.CollectiveCounter() as counter:
+        # torch 2.13: the deprecated alias forwards to all_gather_single inside torch, counted once.
+        with pytest.warns(FutureWarning):
+            dist.all_gather_into_tensor(full, shard)
+        dist.all_gather_single(full, shard)
+    assert [(c.op, c.payload_bytes) for c in counter.calls] == [("all_gather_single", 16)] * 2
+    # torch 2.12 has only the older names (FSDP2 calls them there): counted under the same names.
+    monkeypatch.delattr(dist, "all_gather_single")
+    monkeypatch.delattr(dist, "reduce_scatter_single")
+    with comm.CollectiveCounter() as counter, pytest.warns(FutureWarning):
+        dist.all_gather_into_tensor(full, shard)
+        dist.reduce_scatter_tensor(output=torch.empty(4), input=shard)
+    assert [c.op for c in counter.calls] == ["all_gather_single", "reduce_scatter_single"]
+    assert not hasattr(dist, "all_gather_single"), "the counter must not add names torch lacks"
+
+
+def test_mesh_groups_and_the_ring_neighbour():
+    # Ranks 0-3 on node 0 and 4-7 on node 1 of a (2, 4) mesh: rank 5 shards with its node, and
+    # replicates with rank 1, the rank at the same place on the other node.
+    assert comm.mesh_groups(5, replicate=2, shard=4) == {"shard": (4, 5, 6, 7), "replicate": (1, 5)}
+    assert comm.ring_next(3, (0, 1, 2, 3)) == 0 and comm.ring_next(1, (3, 1)) == 3
+
+
+def test_hsdp_fsdp_ddp_bytes_across_nodes_by_hand():
+    # 1000 parameters (G = 4000 bytes), 4 ranks on 2 nodes of 2.
+    calls = comm.sharded_step_calls([1000], replicate=2, shard=2, regathered=[True], rank=0)
+    assert [(c["op"], c["ranks"], c["payload_bytes"]) for c in calls] == [
+        ("all_gather_single", (0, 1), 2000),
+        ("all_gather_single", (0, 1), 2000),
+        ("reduce_scatter_single", (0, 1), 4000),
+        ("all_reduce", (0, 2), 2000),
     ]
-    records = [
-        comm.Call("all_gather_single", 2, (0, 1), torch.float32, 2000),
-        comm.Call("reduce_scatter_single", 2, (0, 1), torch.float32, 4000),
-        comm.Call("all_reduce", 2, (0, 2), torch.float32, 2000),
-    ]
-    # Two ranks a node: (0, 1) stay inside node 0; (0, 2) crosses to node 1.
-    assert comm.bytes_by_link(records, ranks_per_node=2) == {"intra-node": 2000 + 2000, "inter-node": 2000}
-    assert comm.bytes_by_link(records, ranks_per_node=4) == {"intra-node": 6000, "inter-node": 0}
+    hsdp = {r: comm.sharded_step_calls([1000], 2, 2, [True], rank=r) for r in range(4)}
+    fsdp = {r: comm.sharded_step_calls([1000], 1, 4, [True], rank=r) for r in range(4)}
+    ddp = {r: [comm.Call("all_reduce", 4, (0, 1, 2, 3), torch.float32, 4000)] for r in range(4)}
+    # HSDP, each rank: all-gathers 2 x 2000 and reduce-scatter 2000 to its node's other rank; its
+    # all-reduce of the shard, 2 (2 - 1) / 2 x 2000 = 2000, to the other node.
+    assert comm.bytes_by_link(hsdp, ranks_per_node=2) == {"intra-node": 4 * 6000, "inter-node": 4 * 2000}
+    # FSDP, each rank: all-gathers 2 x 3 x 1000, reduce-scatter 3 / 4 x 4000: 9000 to the next rank;
+    # 1 -> 2 and 3 -> 0 leave their node, 0 -> 1 and 2 -> 3 do not.
+    assert comm.bytes_by_link(fsdp, ranks_per_node=2) == {"intra-node": 2 * 9000, "inter-node": 2 * 9000}
+    # DDP, each rank: 2 (4 - 1) / 4 x 4000 = 6000, on the same ring.
+    assert comm.bytes_by_link(ddp, ranks_per_node=2) == {"intra-node": 2 * 6000, "inter-node": 2 * 6000}
+    # Across nodes HSDP sends 8000 / 12000 = 2/3 of DDP's bytes and 8000 / 18000 = 4/9 of FSDP's.
+    # On one node of 4, nothing crosses.
+    assert comm.bytes_by_link(fsdp, ranks_per_node=4)["inter-node"] == 0
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 2), (4, 2), (3, 4), (8, 8)])
+def test_bytes_leaving_a_node_match_the_closed_forms(nodes, per_node):
+    n = nodes * per_node
+    elements = [n * nodes * 60, n * nodes * 12]
+    g = 4 * sum(elements)
+    ranks = tuple(range(n))
+    model = {
+        "hsdp": {r: comm.sharded_step_calls(elements, nodes, per_node, [True, True], rank=r) for r in ranks},
+        "fsdp": {r: comm.sharded_step_calls(elements, 1, n, [True, True], rank=r) for r in ranks},
+        "ddp": {r: [comm.Call("all_reduce", n, ranks, torch.float32, g)] for r in ranks},
+    }
+    for layout, calls in model.items():
+        per_node_bytes = comm.bytes_by_link(calls, per_node)["inter-node"] / nodes
+        assert per_node_bytes == pytest.approx(comm.cross_node_bytes_per_node(layout, g, nodes, per_node)), layout
+    # HSDP's bytes across nodes approach DDP's as nodes are added: 2 (r - 1) / r against 2 (N - 1) / N.
+    ratio = comm.cross_node_bytes_per_node("hsdp", g, nodes, per_node) / comm.cross_node_bytes_per_node(
+        "ddp", g, nodes, per_node
+    )
+    assert ratio == pytest.approx((nodes - 1) / nodes * n / (n - 1))
 
 
 def fake_average_with(other):
