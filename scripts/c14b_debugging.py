@@ -1,11 +1,12 @@
 """Chapter 14b: a hung job, a mismatched job and a straggler, with the records that find the culprit.
 
-    TORCH_FR_BUFFER_SIZE=100 torchrun --standalone --nproc_per_node=2 c14b_debugging.py stuck --out DIR
-    TORCH_FR_BUFFER_SIZE=100 torchrun --standalone --nproc_per_node=2 c14b_debugging.py mismatch --out DIR
+    torchrun --standalone --nproc_per_node=2 c14b_debugging.py stuck --out DIR
+    torchrun --standalone --nproc_per_node=2 c14b_debugging.py mismatch --out DIR
     torchrun --standalone --nproc_per_node=2 c14b_debugging.py straggler --out DIR
 
-Each step all-reduces a gradient. With TORCH_FR_BUFFER_SIZE set, torch's flight recorder keeps the
-last collectives each rank entered.
+Each step all-reduces a gradient. torch's flight recorder keeps the last collectives each rank
+entered: in torch 2.13 it is on by default, 2000 entries per rank (TORCH_FR_BUFFER_SIZE=0 turns it
+off), on gloo as on nccl.
 
 stuck:     at step --bug-step, rank --culprit is stuck in load_batch(); the others wait in the
            all-reduce until --timeout.
@@ -14,12 +15,16 @@ mismatch:  at step --bug-step, rank 0 alone gathers the full weights for a check
 straggler: rank --culprit spends --delay seconds more per step outside the collectives; every rank
            records, per step, its time outside the all-reduce and inside it (DIR/straggler.json).
 
-stuck and mismatch run on gloo: with GPUs, hide them (CUDA_VISIBLE_DEVICES=); on nccl the
-watchdog writes the same record itself (TORCH_NCCL_DUMP_ON_TIMEOUT=1). In both, the first rank
-whose collective times out asks every rank, through the store, to dump its flight record
-(DIR/fr/rank_R), as nccl's watchdog does on a timeout; each rank writes its pid to DIR/ready_rank_R
-when it reaches the bug, and its Python stack to DIR/stack_rank_R.txt on SIGUSR1 (faulthandler).
-Both exit with code 1: the job failed.
+Every rank joins with setup()'s own timeout, then gives its collectives --timeout: a short timeout
+that also bounded the join would fail a node whose ranks start unevenly (on nccl the join waits for
+rank 0's unique id in the store). stuck and mismatch run on gloo: with GPUs, hide them
+(CUDA_VISIBLE_DEVICES=); on nccl a timed-out collective ends the process and, by default
+(TORCH_NCCL_DUMP_ON_TIMEOUT), every rank's heartbeat monitor writes its record to
+${XDG_CACHE_HOME:-~/.cache}/torch/comm_lib_trace_rank_<rank> (or TORCH_FR_DUMP_TEMP_FILE + rank).
+In both, the first rank whose collective times out asks every rank, through the store, to dump its
+flight record (DIR/fr/rank_R), as nccl does; each rank writes its pid to DIR/ready_rank_R when it
+reaches the bug, and its Python stack to DIR/stack_rank_R.txt on SIGUSR1 (faulthandler). Both exit
+with code 1: the job failed.
 """
 
 import argparse
@@ -36,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from dist_setup import pick_device, setup, teardown
+from parallel_course.compat import all_gather_single, set_collective_timeout
 
 # The store key that asks every rank for its flight record, and the count of records written.
 DUMP_KEY, DUMPED_KEY = "c14b/dump_flight_record", "c14b/flight_records_written"
@@ -48,7 +54,9 @@ def parse_args():
     parser.add_argument("--steps", type=int, default=6, help="training steps (default 6)")
     parser.add_argument("--bug-step", type=int, default=3, help="stuck, mismatch: the step that goes wrong (default 3)")
     parser.add_argument("--culprit", type=int, default=-1, help="the stuck or slow rank (default: the last)")
-    parser.add_argument("--timeout", type=float, default=4.0, help="seconds a collective may wait (default 4)")
+    parser.add_argument(
+        "--timeout", type=float, default=4.0, help="seconds a collective may wait, the join excepted (default 4)"
+    )
     parser.add_argument("--delay", type=float, default=0.2, help="straggler: extra seconds per step (default 0.2)")
     args = parser.parse_args()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -64,8 +72,8 @@ def parse_args():
         parser.error(f"--bug-step must be a step of the --steps {args.steps}, got {args.bug_step}")
     if args.timeout <= 0 or args.delay < 0:
         parser.error("--timeout must be positive and --delay not negative")
-    # nccl's watchdog, not Python, handles a timed-out collective (it ends the process and dumps
-    # the record itself): these two modes show the record on gloo.
+    # On nccl a timed-out collective never returns to Python: the watchdog ends the process (and
+    # the heartbeat monitor dumps the record itself). These two modes show the record on gloo.
     if args.mode != "straggler" and pick_device().type == "cuda":
         parser.error(f"{args.mode} shows gloo's flight record: hide the GPUs (CUDA_VISIBLE_DEVICES=)")
     return args
@@ -87,7 +95,8 @@ def load_batch(seconds):
 def gather_full_weights(weights):
     """What a sharded model's full state_dict() does: an all-gather that every rank must join."""
     full = torch.empty(dist.get_world_size() * weights.numel())
-    dist.all_gather_into_tensor(full, weights)
+    # dist.all_gather_single in torch 2.13, all_gather_into_tensor before it.
+    all_gather_single(full, weights)
     return full
 
 
@@ -111,8 +120,9 @@ class FlightRecord:
         with self.lock:
             if self.path.exists():
                 return
-            # A pickle of this rank's entries, the format torch's analyzer reads. Collectives
-            # included, their C++ stacks not (symbolising them takes seconds), finished ones too.
+            # A pickle of this rank's entries, the format torch's analyzer reads: collectives
+            # included, finished ones too, but no stacks, Python's nor C++'s (the entries then have
+            # no "frames"): the first dump with stacks takes seconds to symbolise them.
             record = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
             tmp = self.path.with_suffix(".tmp")
             tmp.write_bytes(record)
@@ -203,10 +213,17 @@ def straggler(args, device):
     return 0
 
 
+def join(args):
+    """Join with setup()'s own timeout, then give the collectives --timeout."""
+    device = setup()
+    set_collective_timeout(args.timeout)
+    return device
+
+
 def main():
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    device = setup(timeout_s=args.timeout)
+    device = join(args)
     if args.mode == "straggler":
         return straggler(args, device)
     return train(args, device)

@@ -1,16 +1,19 @@
 """Debugging a job at scale (chapter 14b): read what each rank left behind and name the culprit.
 
-- **Flight records.** With ``TORCH_FR_BUFFER_SIZE=N`` (older name ``TORCH_NCCL_TRACE_BUFFER_SIZE``)
-  torch keeps, per rank, the last N collectives it entered: sequence number, operation, sizes,
-  dtypes, state. ``torch._C._distributed_c10d._dump_fr_trace()`` returns them as a pickle, the
-  format of torch's analyzer (``python -m torch.distributed.flight_recorder.fr_trace DIR``).
+- **Flight records.** torch keeps, per rank, the last N collectives it entered: sequence number,
+  operation, sizes, dtypes, state, the calling stack. In torch 2.13 it is on by default, N = 2000
+  (``TORCH_FR_BUFFER_SIZE``, older name ``TORCH_NCCL_TRACE_BUFFER_SIZE``; 0 turns it off:
+  ``FlightRecorder.hpp``), on gloo as on nccl. ``torch._C._distributed_c10d._dump_fr_trace()``
+  returns them as a pickle, the format of torch's analyzer
+  (``python -m torch.distributed.flight_recorder.fr_trace DIR``).
   ``read_flight_records`` loads one folder of them (nothing but plain data is unpickled),
   ``behind`` names the ranks that entered fewer collectives than the others, ``first_mismatch`` the
   first collective the ranks called differently.
 - **Stack dumps.** ``py-spy dump --pid PID`` (from outside, needs ptrace rights) and
   ``faulthandler`` (from inside, on a signal the script registered) both give each thread's
   Python stack; ``parse_py_spy`` and ``parse_faulthandler`` read them into the same frames, so that
-  ``innermost`` gives the same answer from either.
+  ``innermost`` gives the same answer from either, and ``disagreeing_ranks`` compares them (only
+  where both tools ran: ``tools_used`` says which did).
 - **Stragglers.** Every rank's step takes as long as the slowest rank's: step times alone cannot
   name it. Time outside the collectives can: ``stragglers`` compares each rank's median.
 
@@ -267,7 +270,11 @@ def innermost(frames: list[Frame], script: str | None = None) -> Frame | None:
 
 
 def py_spy_dump(pid: int, timeout: float = 20) -> str | None:
-    """``py-spy dump --pid PID``'s output; None when py-spy is missing or may not attach (ptrace)."""
+    """``py-spy dump --pid PID``'s output; None when py-spy is missing or may not attach (ptrace).
+
+    py-spy pauses the process while it reads the stack (a consistent one); ``--nonblocking`` would
+    read without pausing, at the risk of a stack torn by the running process (``py-spy dump --help``).
+    """
     exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if exe is None:
         return None
@@ -322,6 +329,27 @@ def stacks_of_hung_job(
         if spy[r] is not None:
             stacks[r]["py-spy"] = parse_py_spy(spy[r])
     return stacks, subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def tools_used(stacks: dict[int, dict[str, list[Frame]]]) -> list[str]:
+    """The tools that took the stack of every rank in ``stacks_of_hung_job``'s answer."""
+    return sorted(set.intersection(*(set(taken) for taken in stacks.values())))
+
+
+def disagreeing_ranks(stacks: dict[int, dict[str, list[Frame]]]) -> list[int]:
+    """The ranks whose main-thread frames (function and line) differ from one tool to the other.
+
+    Raises ValueError when a rank's stack came from fewer than two tools: with nothing to compare,
+    an empty list would say "they agree" about a comparison that was never made.
+    """
+    alone = [rank for rank, taken in stacks.items() if len(taken) < 2]
+    if alone:
+        raise ValueError(f"rank(s) {alone}: one tool took the stack, there is nothing to compare it with")
+    return [
+        rank
+        for rank, taken in stacks.items()
+        if len({tuple((f.function, f.line) for f in frames) for frames in taken.values()}) > 1
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

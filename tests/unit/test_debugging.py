@@ -1,11 +1,20 @@
-"""parallel_course.debugging (14b): flight records, stack dumps and stragglers, on hand-made inputs."""
+"""parallel_course.debugging (14b): flight records, stack dumps and stragglers, on hand-made inputs;
+c14b_debugging.py's join (its timeout apart from the collectives')."""
 
+import argparse
+import importlib.util
 import os
 import pickle
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from parallel_course import debugging as dbg
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def entry(seq, op, sizes, out_sizes=None, group=("0", "default_pg")):
@@ -180,6 +189,43 @@ def test_py_spy_and_faulthandler_dumps_give_the_same_frames():
         "    \x1b[32m<module>\x1b[0m (\x1b[36m<string>\x1b[0m:\x1b[2m1\x1b[0m)\n"
     )
     assert dbg.parse_py_spy(coloured) == [dbg.Frame("<module>", "<string>", 1)]
+
+
+def test_a_comparison_of_stacks_needs_two_tools():
+    fh = dbg.parse_faulthandler(FAULTHANDLER)
+    spy = dbg.parse_py_spy(PY_SPY)
+    both = {0: {"faulthandler": fh, "py-spy": spy}, 1: {"faulthandler": fh[1:], "py-spy": spy[1:]}}
+    assert dbg.tools_used(both) == ["faulthandler", "py-spy"]
+    assert dbg.disagreeing_ranks(both) == []
+    # Negative control: another rank's frames in place of rank 0's py-spy dump.
+    assert dbg.disagreeing_ranks({**both, 0: {"faulthandler": fh, "py-spy": spy[1:]}}) == [0]
+    # py-spy refused on rank 1: nothing to compare there, and no "they agree".
+    one_tool = {**both, 1: {"faulthandler": fh}}
+    assert dbg.tools_used(one_tool) == ["faulthandler"]
+    with pytest.raises(ValueError, match=r"rank\(s\) \[1\]: one tool"):
+        dbg.disagreeing_ranks(one_tool)
+
+
+def test_c14b_joins_with_setups_timeout_then_shortens_its_collectives(monkeypatch):
+    # On nccl the join waits for rank 0's unique id in the store, bounded by the group's timeout:
+    # 4 s would fail ranks whose CUDA start-up is slower. The join keeps setup()'s own timeout.
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    spec = importlib.util.spec_from_file_location("c14b_debugging", SCRIPTS / "c14b_debugging.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    joins = []
+    real_init = dist.init_process_group
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: joins.append(k["timeout"]) or real_init(*a, **k))
+    script.join(argparse.Namespace(timeout=4.0))
+    try:
+        gloo = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        assert joins == [timedelta(seconds=30)]
+        assert gloo.options._timeout == timedelta(seconds=4)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_py_spy_gives_nothing_where_it_is_missing_or_may_not_attach(monkeypatch):
