@@ -9,8 +9,9 @@ same weights on the same data; bf16_compress_hook tried. --mode hsdp (4 processe
 and HSDP with its data split by the shard coordinate only (the negative control). --mode
 local-sgd: gradients averaged every step, then local SGD / DiLoCo syncing every H steps.
 Every collective each step calls is recorded (parallel_course.communication.CollectiveCounter);
-rank 0 prints a summary of each mode and writes its losses and counts to OUT/MODE.json for the
-notebook to check. Several modes in one launch share its start-up (most of a small launch's time).
+rank 0 prints a summary of each mode and writes its losses and counts (for hsdp, every rank's
+collectives of the last step) to OUT/MODE.json for the notebook to check. Several modes in one
+launch share its start-up (most of a small launch's time).
 """
 
 import argparse
@@ -181,6 +182,14 @@ def train_sharded(layout, args, device, rank, world_size):
     if layout == "single":
         return {"losses": losses}
     parameters = [p for p in model.parameters()]
+    # Every rank's collectives of the last step, to rank 0 (after the counting): which ring edges
+    # carry them, and so which bytes cross between nodes, depends on every rank's sends.
+    last_step = [
+        {"op": c.op, "group_size": c.group_size, "ranks": list(c.ranks), "payload_bytes": c.payload_bytes}
+        for c in calls[-1]
+    ]
+    calls_by_rank = [None] * world_size
+    dist.all_gather_object(calls_by_rank, last_step)
     result = {
         "losses": gathered_losses(losses, device).mean(0).tolist(),
         "group_elements": [
@@ -188,10 +197,7 @@ def train_sharded(layout, args, device, rank, world_size):
         ],
         "local_elements": sum(p.to_local().numel() for p in parameters),
         "placements": str(parameters[0].placements),
-        "calls": [
-            {"op": c.op, "group_size": c.group_size, "ranks": list(c.ranks), "payload_bytes": c.payload_bytes}
-            for c in calls[-1]
-        ],
+        "calls_by_rank": calls_by_rank,
     }
     return result
 
