@@ -24,7 +24,8 @@ Small modules, each doing what its name says:
 - ``throughput``     the matmul peak measured as 06a does; a run's step times, tokens/s, model FLOP/s and MFU (14a)
 - ``fake_cluster``   a GPT of a real size sharded over a fake (dp, tp) mesh of hundreds of ranks in one process (14a)
 - ``debugging``      flight records read (who is behind, the first mismatch), every rank's stack, stragglers (14b)
-- ``communication``  bytes on each link of DDP's hooks, HSDP and local SGD, counted; DiLoCo's outer step (14c)
+- ``communication``  bytes of DDP's hooks, HSDP and local SGD, counted; bytes across nodes; DiLoCo (14c)
+- ``compat``         what differs between torch 2.11-2.13: the single-tensor collectives' names, a group's timeout
 - ``checks``         clear verdicts for lab check cells
 - ``scriptdiff``     what a notebook's %%writefile cells write; a step's change as a diff (04, 09)
 - ``excerpts``       the functions of a long script that a lecture shows; scripts copied to work/
