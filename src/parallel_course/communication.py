@@ -6,7 +6,9 @@
   and 2.12 the last two are ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (what FSDP2
   calls there): the counter wraps whichever names the running torch has (``compat``).
 - Expected bytes: a DDP bucket sent whole, in 16 bits, or as PowerSGD's factors; what a ring
-  sends per rank for each collective; HSDP and FSDP per step and per link.
+  sends per rank for each collective; HSDP's and FSDP's collectives per step; the bytes that cross
+  between nodes, each rank's sends counted on the ring edge that carries them (``bytes_by_link``),
+  and their closed forms per node.
 - Local SGD / DiLoCo's outer step written by hand.
 """
 
@@ -183,7 +185,7 @@ def powersgd_step_bytes(
     return sum(powersgd_elements(shapes, rank).values()) * element_size
 
 
-# HSDP and FSDP: bytes per step, per link.
+# HSDP and FSDP: collectives per step; bytes across nodes.
 
 
 def mesh_groups(rank: int, replicate: int, shard: int) -> dict[str, tuple[int, ...]]:
