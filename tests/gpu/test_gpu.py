@@ -580,7 +580,7 @@ def test_context_parallel_on_nccl_equals_whole_sequence_attention(tmp_path):
     if GPUS >= 4:
         stdout = ok(torchrun(4, SCRIPTS / "c13a_context_parallel.py", "--out", "cp.json", cwd=tmp_path))
         checks = [line for line in stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-        assert len(checks) == 10 and all(line.startswith("PASS") for line in checks), stdout
+        assert len(checks) == 12 and all(line.startswith("PASS") for line in checks), stdout
         assert "negative control: FAIL ring, zig-zag, no rescale" in stdout, stdout
 
 
