@@ -31,9 +31,10 @@ def reductions(device):
     show_ranks("broadcast(t, src=0)", f"{start(device).tolist()} -> {t.tolist()}")
 
     t = start(device)
-    # op=SUM by default; only the destination's result is defined.
+    # op=SUM by default; only the destination's result is defined. What the others' t holds is
+    # shown once, to be seen and never read: it depends on the backend and its algorithm.
     dist.reduce(t, dst=0)
-    result = f"{t.tolist()}" if dist.get_rank() == 0 else "(undefined: do not read)"
+    result = f"{t.tolist()}" if dist.get_rank() == 0 else f"{t.tolist()} (undefined: do not read)"
     show_ranks("reduce(t, dst=0)", f"{start(device).tolist()} -> {result}")
 
     t = start(device)

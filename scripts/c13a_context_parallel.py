@@ -7,8 +7,9 @@ Ring attention with a contiguous split, ring attention with a zig-zag split and 
 compute their share; rank 0 gathers the outputs and the gradients of q, k and v and compares them
 with F.scaled_dot_product_attention(is_causal=True) on the whole sequence. The negative control is
 the zig-zag ring folding its blocks in without the log-sum-exp rescale. While each runs forward,
-this script counts the query-key pairs each rank computes and the bytes it sends; rank 0 prints
-the checks and a table, and writes the counts as JSON.
+this script counts the query-key pairs each rank computes and the bytes it sends, and, for the
+ring, the bytes of keys and values autograd keeps for backward; rank 0 prints the checks and a
+table, and writes the counts as JSON.
 """
 
 import argparse
@@ -78,6 +79,44 @@ class Counted:
         )
 
 
+class KeptKeysValues:
+    """While open, the bytes of keys and values that autograd saves for backward: the storages of
+    saved tensors that are (views of) a ring step's stack of K and V, shape (2, *local), the stack
+    ring_attention passes around. Each is kept whole as long as any block of it is saved."""
+
+    def __init__(self, local: torch.Tensor):
+        self.shape, self.storages = (2, *local.shape), {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        base = t if t._base is None else t._base
+        if tuple(base.shape) == self.shape:
+            storage = base.untyped_storage()
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+
+def blocks_used(rank: int, world_size: int, layout: str) -> int:
+    """How many ranks' key/value blocks rank's ring attention computes with (the others are all
+    masked): the blocks autograd keeps for its backward."""
+    mine = cp.chunks_of(rank, world_size, layout)
+    return sum(
+        any(cp.mask_kind(q, k) != "skip" for q in mine for k in cp.chunks_of(source, world_size, layout))
+        for source in range(world_size)
+    )
+
+
 def gathered(t: torch.Tensor, layout: str) -> torch.Tensor:
     """The whole sequence from every rank's share of it (rank order), on every rank."""
     shares = [torch.empty_like(t) for _ in range(dist.get_world_size())]
@@ -87,14 +126,15 @@ def gathered(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 def run(attention, layout: str, q, k, v, weight) -> dict:
     """One context-parallel attention on this rank's share: its whole output and gradients
-    (gathered), and what this rank computed and sent in forward."""
+    (gathered), what this rank computed and sent in forward, and the ring's keys and values kept
+    for backward."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mine = [cp.split_sequence(t, rank, world_size, layout).requires_grad_() for t in (q, k, v)]
-    with Counted() as counted:
+    with Counted() as counted, KeptKeysValues(mine[1]) as kept:
         out = attention(*mine)
     (out * cp.split_sequence(weight, rank, world_size, layout)).sum().backward()
     # On the device: nccl gathers only GPU tensors.
-    counts = torch.tensor([counted.pairs, counted.bytes_sent, counted.messages], device=out.device)
+    counts = torch.tensor([counted.pairs, counted.bytes_sent, counted.messages, kept.bytes], device=out.device)
     every = [torch.empty_like(counts) for _ in range(world_size)]
     dist.all_gather(every, counts)
     return {
@@ -103,6 +143,7 @@ def run(attention, layout: str, q, k, v, weight) -> dict:
         "pairs": [int(c[0]) for c in every],
         "bytes": [int(c[1]) for c in every],
         "messages": [int(c[2]) for c in every],
+        "kv_kept": [int(c[3]) for c in every],
         "local": mine[0].detach(),
     }
 
@@ -165,6 +206,16 @@ def main() -> int:
             check_equal(f"{name}: pairs counted == pairs_per_rank", runs[name]["pairs"], formula)
         check_equal("ring: bytes sent == ring_kv_bytes", runs["ring, zig-zag"]["bytes"][0], cp.ring_kv_bytes(local, 4))
         check_equal("Ulysses: bytes sent == ulysses_bytes", runs["Ulysses"]["bytes"][0], cp.ulysses_bytes(local, 4))
+        # This ring keeps, for backward, every key/value block it used: not its share, all of them.
+        share = 2 * local.numel() * local.element_size()
+        for name, layout in (("ring, contiguous", "contiguous"), ("ring, zig-zag", "zigzag")):
+            formula = [blocks_used(r, world_size, layout) * share for r in range(world_size)]
+            check_equal(f"{name}: K, V kept for backward == blocks used x share", runs[name]["kv_kept"], formula)
+        kept = runs["ring, zig-zag"]["kv_kept"]
+        print(
+            f"ring, zig-zag: every rank keeps {kept[0]:,} bytes of K and V until backward, {kept[0] // share} times "
+            f"its share of {share:,}: the whole sequence's"
+        )
         print(f"Ulysses with 6 heads on {world_size} ranks: ValueError: {refused}")
         header = f"{'per rank (forward)':<18} {'query-key pairs, all heads':<28} {'max/min':>7}"
         print(f"{header} {'messages':>8} {'bytes sent':>10}")
@@ -176,7 +227,10 @@ def main() -> int:
             "shape": list(shape),
             "world_size": world_size,
             "tolerance": TOLERANCE,
-            **{name: {key: result[key] for key in ("pairs", "bytes", "messages")} for name, result in runs.items()},
+            **{
+                name: {key: result[key] for key in ("pairs", "bytes", "messages", "kv_kept")}
+                for name, result in runs.items()
+            },
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=1) + "\n")

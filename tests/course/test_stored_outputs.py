@@ -2,7 +2,8 @@
 
 Absolute paths (a home folder, a checkout under /work, /tmp, a user name in a path) would tell a
 student nothing and leak where the outputs were made; relative paths (``work/...``,
-``../scripts/...``) are fine.
+``../scripts/...``) are fine. Tracebacks are read too: IPython colours them with ANSI escape codes,
+which are taken out first (``\x1b[32m/work/...`` would otherwise hide the path behind the ``m``).
 """
 
 import os
@@ -20,9 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = [*LECTURES, *SOLUTIONS]
 # An absolute path into a home folder, a root account, a CI workspace or a temporary folder.
 ABSOLUTE = re.compile(r"(?<![\w.])/(home|root|Users|work|tmp|private|var/folders|opt|mnt)/[\w.-]+")
+# The colour and cursor codes of a terminal (and of IPython's tracebacks): ESC [ ... letter.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 
 def output_texts(nb) -> list[str]:
+    """Every text a cell's outputs show: streams, text data, and an error's name, value and
+    traceback, without the terminal's colour codes."""
     texts = []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -31,8 +36,9 @@ def output_texts(nb) -> list[str]:
             for key, value in out.get("data", {}).items():
                 if key.startswith("text/") and isinstance(value, str):
                     texts.append(value)
+            texts.extend(str(out[key]) for key in ("ename", "evalue") if key in out)
             texts.extend(out.get("traceback", []))
-    return texts
+    return [ANSI_ESCAPE.sub("", text) for text in texts]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}/{p.stem}" for p in NOTEBOOKS])
@@ -50,6 +56,24 @@ def test_the_scan_finds_what_it_looks_for():
     nb.cells.append(cell)
     assert any(ABSOLUTE.search(t) for t in output_texts(nb))
     assert not ABSOLUTE.search("wrote work/c04/final.pt and ../scripts/train_ddp.py")
+
+
+def test_the_scan_reads_coloured_tracebacks():
+    """An error output as IPython stores it: each line of the traceback coloured, the path of the
+    file that raised right after an escape code (the raw text hides it from ABSOLUTE)."""
+    line = "\x1b[36mFile \x1b[39m\x1b[32m/work/main/.venv/lib/python3.11/site-packages/torch/spawn.py:200\x1b[39m"
+    assert not ABSOLUTE.search(line)
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("context.join()")
+    cell.outputs = [
+        nbformat.v4.new_output("error", ename="ProcessExitedException", evalue="exit code 1", traceback=[line])
+    ]
+    nb.cells.append(cell)
+    found = [m.group(0) for t in output_texts(nb) for m in ABSOLUTE.finditer(t)]
+    assert found == ["/work/main"]
+    # An error's value is read too: a message that names a file.
+    cell.outputs = [nbformat.v4.new_output("error", ename="FileNotFoundError", evalue="/home/alice/x.pt", traceback=[])]
+    assert [m.group(0) for t in output_texts(nb) for m in ABSOLUTE.finditer(t)] == ["/home/alice"]
 
 
 def test_outputs_are_stored_from_a_kernel_that_sees_no_gpu(tmp_path):

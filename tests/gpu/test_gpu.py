@@ -580,7 +580,7 @@ def test_context_parallel_on_nccl_equals_whole_sequence_attention(tmp_path):
     if GPUS >= 4:
         stdout = ok(torchrun(4, SCRIPTS / "c13a_context_parallel.py", "--out", "cp.json", cwd=tmp_path))
         checks = [line for line in stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-        assert len(checks) == 10 and all(line.startswith("PASS") for line in checks), stdout
+        assert len(checks) == 12 and all(line.startswith("PASS") for line in checks), stdout
         assert "negative control: FAIL ring, zig-zag, no rescale" in stdout, stdout
 
 
@@ -721,6 +721,8 @@ def test_lab_checker_passes_the_solution_on_nccl(tmp_path, check):
 NOTEBOOKS = sorted([*(ROOT / "notebooks").glob("[0-9]*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")])
 # Lines of a launch's output that differ on GPUs by design, per script: regular expressions.
 DEVICE_DEPENDENT = {
+    # what reduce leaves on the other ranks: gloo's partial sums, nccl's untouched inputs
+    "c03_collectives.py": [r"\(undefined: do not read\)"],
     "c05_controlling_sync.py": [r"SyncBatchNorm on"],
     "c06_amp_and_profiler.py": [r"autocast dtype=", r"all-reduce launches per step"],
     "c08_fsdp_options.py": [r"MixedPrecisionPolicy\(param_dtype=", r"inside forward:", r"CPUOffloadPolicy"],
