@@ -146,4 +146,5 @@ def test_c05_shows_buffer_sync_on_a_torch_without_forward_sync_buffers(monkeypat
     lines = capsys.readouterr().out.splitlines()
     assert seen == [True, False]
     assert lines[0].startswith("note: torch ") and "broadcast_buffers= instead" in lines[0], lines
-    assert [line.split(":")[0].strip() for line in lines[1:]] == ["forward_sync_buffers=True", "forward_sync_buffers=False"]
+    flags = [line.split(":")[0].strip() for line in lines[1:]]
+    assert flags == ["forward_sync_buffers=True", "forward_sync_buffers=False"], lines
