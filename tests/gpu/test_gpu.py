@@ -931,6 +931,7 @@ def test_deterministic_mode_refuses_histc_on_cuda():
 # --------------------------------------------------------------------------- everywhere: the guards
 
 CPU_TESTS = {
+    "test_make_test_runs_the_cpu_suite_and_leaves_the_lane_to_make_test_gpu",
     "test_launch_commands_are_read_whole",
     "test_the_lab_lane_brings_what_each_checker_imports",
     "test_launched_scripts_are_found_through_the_notebooks_variables",
@@ -1187,6 +1188,36 @@ def test_the_allow_list_covers_every_device_path():
     for script in ("c03_send_recv.py", "c05_uneven_inputs.py", "bench_scaling.py", "c07_torch_pipelining.py"):
         assert any(s == script for s, _ in used), script
     assert any(s == "c14c_talking_less.py" for s, _ in used), "14c's bf16 line is found through {SCRIPT}"
+
+
+def make_dry_run(*targets: str, **variables: str) -> list[str]:
+    """The commands `make -n` would run for targets (install steps included, if any)."""
+    import shutil
+
+    assignments = [f"{k}={v}" for k, v in variables.items()]
+    result = launch([shutil.which("make"), "-n", "-s", "-C", ROOT, *targets, *assignments], ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    # A recipe line continued with a backslash is one command.
+    return [line.strip() for line in result.stdout.replace("\\\n", " ").splitlines()]
+
+
+def test_make_test_runs_the_cpu_suite_and_leaves_the_lane_to_make_test_gpu():
+    """On a GPU node `make test` runs what CI runs: the GPUs hidden (the stored outputs are CPU runs)
+    and the gpu lane deselected, nothing else; `make test-gpu` and `make gpu-check` run alone and
+    install nothing (a GPU node may have no network)."""
+    (suite,) = [line for line in make_dry_run("test") if " -m pytest" in line]
+    assert suite.startswith("CUDA_VISIBLE_DEVICES= "), suite
+    words = shlex.split(suite)
+    assert words[words.index("-m", words.index("pytest")) + 1] == "not gpu", suite
+    assert not {"-k", "--deselect", "--ignore", "--ignore-glob"} & set(words), suite
+    for target in ("test-gpu", "gpu-check"):
+        commands = make_dry_run(target)
+        assert len(commands) == 1 and "pip" not in commands[0] and "venv" not in commands[0].split()[0], commands
+    (lane,) = make_dry_run("test-gpu")
+    assert "-m gpu tests/gpu/test_gpu.py" in lane and "-n auto" not in lane, lane
+    # A node's own Python, named by PYTHON=, with the course's package from src/.
+    (check,) = make_dry_run("gpu-check", PYTHON="/opt/node/bin/python3")
+    assert " /opt/node/bin/python3 tools/gpu_check.py" in check and "/src" in check.split()[0], check
 
 
 def test_the_lane_covers_every_notebook_and_script():
