@@ -11,6 +11,7 @@ held between micro-batches and the reduce-scatters FSDP sent per step, as JSON.
 
 import argparse
 import contextlib
+import gc
 import io
 import json
 import os
@@ -58,6 +59,8 @@ def destroy_groups(mesh) -> None:
     for name in mesh.mesh_dim_names:
         group = mesh.get_group(name)
         if group is not world:
+            # What the run built on the group (DDP, FSDP) freed first, as dist_setup.teardown() does.
+            gc.collect()
             dist.destroy_process_group(group)
 
 
