@@ -271,6 +271,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="+", metavar="WORD", help="only the lanes whose name has one of these")
     args = parser.parse_args(argv)
     start = time.monotonic()
+    if importlib.util.find_spec("torch") is None:
+        parser.error(f"{sys.executable} has no torch: name the node's Python, e.g. make gpu-check PYTHON=python3")
     facts = gather_facts()
     results = check(facts, args.budget, args.only)
     sys.stdout.write(table(results, facts) + "\n")

@@ -137,3 +137,12 @@ def test_the_command_on_this_machine_skips_every_lane(tmp_path, capsys):
     assert {r["reason"] for r in report["results"]} == {report["facts"]["cuda_reason"]}
     assert torch.__version__ in report["facts"]["cuda_reason"]
     assert report["facts"]["torch"] == torch.__version__ and report["seconds"] < 120
+
+
+def test_a_python_without_torch_is_told_in_one_line(monkeypatch, capsys):
+    real = gc.importlib.util.find_spec
+    monkeypatch.setattr(gc.importlib.util, "find_spec", lambda name: None if name == "torch" else real(name))
+    with pytest.raises(SystemExit):
+        gc.main([])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("gpu_check.py: error: ") and "has no torch" in err[-1], err
