@@ -11,7 +11,6 @@ held between micro-batches and the reduce-scatters FSDP sent per step, as JSON.
 
 import argparse
 import contextlib
-import gc
 import io
 import json
 import os
@@ -52,18 +51,6 @@ class CountReduceScatters:
         setattr(dist, self.name, self.original)
 
 
-def destroy_groups(mesh) -> None:
-    """Destroy the process groups a device mesh made (not the default group it may reuse): each run
-    makes a mesh, and on nccl every group holds communicators and their GPU buffers."""
-    world = dist.group.WORLD
-    for name in mesh.mesh_dim_names:
-        group = mesh.get_group(name)
-        if group is not world:
-            # What the run built on the group (DDP, FSDP) freed first, as dist_setup.teardown() does.
-            gc.collect()
-            dist.destroy_process_group(group)
-
-
 def run(layout: str, options: list[str], device) -> dict:
     """One training of train_gpt.py, in this process group: its losses and what it held and sent."""
     args = train_gpt.parse_args(["--parallel", layout, *options, "--out", "unused"])
@@ -74,8 +61,6 @@ def run(layout: str, options: list[str], device) -> dict:
     # train() logs every step; the runs' logs would drown the table the notebook prints.
     with CountReduceScatters() as sent, contextlib.redirect_stdout(io.StringIO()):
         losses, memory, *_ = train_gpt.train(args, model, wrapper, mesh, device)
-    del model, wrapper
-    destroy_groups(mesh)
     return {
         "layout": layout,
         "micro_batches": args.grad_accum,
