@@ -327,7 +327,7 @@ def table(report):
     lines = []
     for name, m in report["models"].items():
         lines.append(
-            f"# model={name}: {m['parameters']} parameters ({m['gradient_bytes'] / 2**20:.2f} MB of "
+            f"# model={name}: {m['parameters']} parameters ({m['gradient_bytes'] / 2**20:.2f} MiB of "
             f"gradients), global batch {m['global_batch']}, {report['backend']} on {report['device']}"
         )
         lines.append(
@@ -384,21 +384,32 @@ def measure_here(args, device, launched, children):
     return models
 
 
-def measure_in_jobs(report, args, children):
-    """DDP with each process count of --nproc-list, one torchrun job each, merged into report."""
+def run_jobs(args, children) -> dict:
+    """DDP with each process count of --nproc-list above 1: one torchrun job each, their reports by
+    count. They run before this process touches a GPU: torch cannot give back a CUDA context, and a
+    GPU in exclusive-process mode refuses every other process's while this one holds one."""
+    # device_count() makes no CUDA context; with a GPU, plain python measures on cuda:0.
+    gpus = torch.cuda.device_count()
+    jobs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in children:
-            if report["device"] == "cuda" and n > report["gpus"]:
-                sys.stdout.write(f"# DDP with {n} processes skipped: only {report['gpus']} GPU(s)\n")
+            if gpus and n > gpus:
+                sys.stdout.write(f"# DDP with {n} processes skipped: only {gpus} GPU(s)\n")
                 continue
-            child = launch(n, args, Path(tmp) / f"n{n}.json")
-            for name in args.models:
-                ddp = report["models"][name]["ddp"]
-                ddp[str(n)] = child["models"][name]["ddp"][str(n)]
-                if 1 in args.nprocs:
-                    # DDP on one process: from the first job
-                    ddp.setdefault("1", child["models"][name]["ddp"]["1"])
-                report["models"][name]["ddp"] = dict(sorted(ddp.items(), key=lambda kv: int(kv[0])))
+            jobs[n] = launch(n, args, Path(tmp) / f"n{n}.json")
+    return jobs
+
+
+def merge_jobs(report, args, jobs) -> None:
+    """The jobs' DDP measurements, merged into this process's report."""
+    for n, child in jobs.items():
+        for name in args.models:
+            ddp = report["models"][name]["ddp"]
+            ddp[str(n)] = child["models"][name]["ddp"][str(n)]
+            if 1 in args.nprocs:
+                # DDP on one process: from the first job
+                ddp.setdefault("1", child["models"][name]["ddp"]["1"])
+            report["models"][name]["ddp"] = dict(sorted(ddp.items(), key=lambda kv: int(kv[0])))
 
 
 def summary(report, args, launched):
@@ -420,9 +431,10 @@ def main():
     torch.set_num_threads(args.threads)
     # under torchrun: DDP at this world size only
     launched = "RANK" in os.environ
+    children = [n for n in args.nprocs if n > 1] if not launched else []
+    jobs = run_jobs(args, children)
     device = setup()
     rank = dist.get_rank()
-    children = [n for n in args.nprocs if n > 1] if not launched else []
     report = {
         "backend": dist.get_backend(),
         "device": device.type,
@@ -435,10 +447,7 @@ def main():
         "step by step with one process on the whole batch",
     }
     report["models"] = measure_here(args, device, launched, children)
-    # Leave the group before the torchrun jobs start, each with groups of its own; teardown() frees
-    # what the measurements built on it first (a second call, in the __main__ block, does nothing).
-    teardown()
-    measure_in_jobs(report, args, children)
+    merge_jobs(report, args, jobs)
     if rank == 0:
         lines = []
         if device.type == "cpu":

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 # The helpers of part 1, in the file beside this one.
 from c05_ddp_internals import gathered, print0
 from dist_setup import setup, teardown
+from parallel_course.torch_features import ddp_buffer_sync
 
 
 def small_model(device):
@@ -116,9 +117,16 @@ def bn_model(device):
 
 
 def buffer_sync(device, mine):
+    # The flag that this torch has, and a one-line note where it is not forward_sync_buffers.
+    keyword, note = ddp_buffer_sync(True)
+    if note:
+        print0(note)
     for broadcast in [True, False]:
-        # torch < 2.13: broadcast_buffers=
-        ddp_model = DDP(bn_model(device), forward_sync_buffers=broadcast)
+        if "forward_sync_buffers" in keyword:
+            ddp_model = DDP(bn_model(device), forward_sync_buffers=broadcast)
+        else:
+            # torch < 2.13: broadcast_buffers=
+            ddp_model = DDP(bn_model(device), broadcast_buffers=broadcast)
         # The running mean that forward() starts from, on this rank.
         seen = []
         ddp_model.module[1].register_forward_pre_hook(lambda m, args, seen=seen: seen.append(m.running_mean.clone()))

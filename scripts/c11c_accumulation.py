@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import train_gpt
 from dist_setup import setup, teardown
+from parallel_course.torch_features import reduce_scatter_name
 
 LAYOUTS = ("ddp", "fsdp", "tp", "2d")
 MICRO_BATCHES = (1, 2, 4)
@@ -29,23 +30,25 @@ MICRO_BATCHES = (1, 2, 4)
 
 class CountReduceScatters:
     """Counts the reduce-scatters FSDP2 sends (it calls dist.reduce_scatter_single for each
-    unit's gradients), by wrapping that function while the context is open."""
+    unit's gradients; dist.reduce_scatter_tensor before torch 2.13), by wrapping that function
+    while the context is open."""
 
     def __init__(self):
         self.calls = 0
+        self.name = reduce_scatter_name()
 
     def __enter__(self):
-        self.original = dist.reduce_scatter_single
+        self.original = getattr(dist, self.name)
 
         def counted(*args, **kwargs):
             self.calls += 1
             return self.original(*args, **kwargs)
 
-        dist.reduce_scatter_single = counted
+        setattr(dist, self.name, counted)
         return self
 
     def __exit__(self, *exc):
-        dist.reduce_scatter_single = self.original
+        setattr(dist, self.name, self.original)
 
 
 def run(layout: str, options: list[str], device) -> dict:

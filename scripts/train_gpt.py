@@ -560,15 +560,15 @@ def gradient_sync(model, wrapper, last: bool, every: bool):
 def held_gradient_bytes(model) -> int:
     """Bytes of gradient this rank holds now: .grad (a shard under FSDP), plus the whole gradients
     FSDP2 keeps between micro-batches while it does not reduce them (torch's internal bookkeeping,
-    read here only to measure)."""
+    read here only to measure; on a torch whose internals differ, .grad alone, with a note)."""
     held = nbytes(p.grad for p in model.parameters() if p.grad is not None)
     for module in model.modules():
-        if isinstance(module, FSDPModule) and module._get_fsdp_state()._fsdp_param_group is not None:
-            for param in module._get_fsdp_state()._fsdp_param_group.fsdp_params:
-                whole = [param.unsharded_accumulated_grad]
-                if hasattr(param, "_unsharded_param"):
-                    whole.append(param._unsharded_param.grad)
-                held += nbytes(g for g in whole if g is not None)
+        if isinstance(module, FSDPModule):
+            # fsdp_whole_gradients (at the end of this file): None where the internals differ.
+            whole = fsdp_whole_gradients(module)
+            if whole is None:
+                return held
+            held += nbytes(whole)
     return held
 
 
@@ -991,6 +991,34 @@ def main(argv=None) -> int:
         if args.mfu:
             sys.stdout.write(describe(figures) + "\n")
     return 0
+
+
+def fsdp_whole_gradients(module) -> list | None:
+    """The whole (unsharded) gradients FSDP2 keeps for a module between micro-batches, as torch 2.13
+    keeps them (a list of parameter groups; one group, or None, before); None, with a one-line
+    note from rank 0, on a torch whose internals differ."""
+    try:
+        state = module._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            groups = [g for g in [state._fsdp_param_group] if g is not None]
+        whole = []
+        for param in (param for group in groups for param in group.fsdp_params):
+            whole.append(param.unsharded_accumulated_grad)
+            if hasattr(param, "_unsharded_param"):
+                whole.append(param._unsharded_param.grad)
+    except AttributeError as error:
+        if not FSDP_NOTED and dist.get_rank() == 0:
+            sys.stderr.write(
+                f"note: torch {torch.__version__} has no FSDP2 internals as in torch 2.13 ({error}): "
+                "the gradient bytes held between micro-batches count .grad only\n"
+            )
+        FSDP_NOTED.append(True)
+        return None
+    return [g for g in whole if g is not None]
+
+
+FSDP_NOTED = []
 
 
 if __name__ == "__main__":

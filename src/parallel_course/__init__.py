@@ -26,6 +26,8 @@ Small modules, each doing what its name says:
 - ``debugging``      flight records read (who is behind, the first mismatch), every rank's stack, stragglers (14b)
 - ``communication``  bytes of DDP's hooks, HSDP and local SGD, counted; bytes across nodes; DiLoCo (14c)
 - ``compat``         what differs between torch 2.11-2.13: the single-tensor collectives' names, a group's timeout
+- ``visible_gpus``   GPUs of their own for emulated nodes, from the list this process inherited (04, 10)
+- ``torch_features`` which torch this is and what it has: a note, or a one-line refusal, on an older one
 - ``checks``         clear verdicts for lab check cells
 - ``scriptdiff``     what a notebook's %%writefile cells write; a step's change as a diff (04, 09)
 - ``excerpts``       the functions of a long script that a lecture shows; scripts copied to work/

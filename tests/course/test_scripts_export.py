@@ -99,7 +99,6 @@ LEAVES_ELSEWHERE = {
     "c03_spawn_worker.py": "03: an mp.spawn worker function; its process ends when it returns",
     "c04_mp_spawn.py": "04: an mp.spawn worker around c04_train_ddp.main()",
     "c04_each_rank_holds.py": "04: a script without functions",
-    "bench_scaling.py": "06b: leaves its group before it launches its comparison runs",
 }
 
 
