@@ -21,6 +21,7 @@ Small modules, each doing what its name says:
 - ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
 - ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it
 - ``planner``        memory, step time, tokens/s and MFU of a layout; feasible layouts ranked (14a)
+- ``published_runs`` trainings that ran (BLOOM, MT-NLG, Llama 3) with their sources, to test the planner (14a)
 - ``throughput``     the matmul peak measured as 06a does; a run's step times, tokens/s, model FLOP/s and MFU (14a)
 - ``fake_cluster``   a GPT of a real size sharded over a fake (dp, tp) mesh of hundreds of ranks in one process (14a)
 - ``debugging``      flight records read (who is behind, the first mismatch), every rank's stack, stragglers (14b)

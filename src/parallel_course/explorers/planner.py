@@ -1,5 +1,7 @@
 """Chapter 14a: a layout's memory per GPU, step time, tokens/s and MFU, controls over
-``planner.plan``. The data-parallel degree is what the GPUs leave: dp = GPUs / (tp x pp x cp)."""
+``planner.plan``. The data-parallel degree is what the GPUs leave: dp = GPUs / (tp x pp x cp);
+the other keys of a layout keep the planner's defaults (FlashAttention, sequence parallelism,
+loss-parallel logits, ZeRO-2/3 reducing every micro-batch)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,17 @@ from .base import Explorer
 NODES = [1, 2, 4, 8, 16, 32, 64, 128]
 TP_DEGREES = [1, 2, 4, 8]
 PP_DEGREES = [1, 2, 4, 8, 16]
+INTERLEAVES = [1, 2, 4]
 CP_DEGREES = [1, 2, 4, 8]
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096]
-MEMORY_COLORS = {"model states": "#4c72b0", "activations": "#dd8452", "buffers": "#55a868", "logits": "#8172b3"}
+MEMORY_COLORS = {
+    "weights": "#4c72b0",
+    "gradients": "#64b5cd",
+    "optimizer": "#8c8c8c",
+    "activations": "#dd8452",
+    "logits": "#8172b3",
+    "buffers": "#55a868",
+}
 TIME_COLORS = {"compute": "#4c72b0", "exposed communication": "#c44e52", "bubble": "#937860"}
 DEFAULTS = dict(
     model="gpt3-6.7b",
@@ -23,17 +33,19 @@ DEFAULTS = dict(
     global_batch=512,
     tp=4,
     pp=1,
+    interleave=1,
     cp=1,
     zero=1,
     micro_batch=2,
-    checkpointing=False,
+    recompute="none",
 )
 
 
-def layout_of(nodes, cluster, tp, pp, cp, zero, micro_batch, checkpointing, **_) -> P.Layout:
+def layout_of(nodes, cluster, tp, pp, interleave, cp, zero, micro_batch, recompute, **_) -> P.Layout:
     """The layout on all the cluster's GPUs: dp is what tp x pp x cp leave (at least 1)."""
     gpus = P.CLUSTERS[cluster].gpus_per_node * nodes
-    return P.Layout(max(gpus // (tp * pp * cp), 1), tp, pp, cp, 1, zero, micro_batch, checkpointing)
+    dp = max(gpus // (tp * pp * cp), 1)
+    return P.Layout(dp, tp, pp, cp, 1, zero, micro_batch, recompute, interleave)
 
 
 def plan_of(model, cluster, nodes, global_batch, **layout) -> P.Plan:
@@ -59,17 +71,18 @@ def draw(**settings) -> Figure:
         mem_ax.bar(["per GPU"], [gb], bottom=bottom, color=color, label=part)
         bottom += gb
     mem_ax.axhline(p.cluster.memory_bytes / P.GB, color="black", linestyle="--", linewidth=1)
+    mem_ax.axhline(p.usable * p.cluster.memory_bytes / P.GB, color="black", linestyle=":", linewidth=1)
     mem_ax.set_ylabel("GB")
     mem_ax.set_title("memory" + ("" if p.fits else " (rejected)"), fontsize=10)
-    mem_ax.legend(fontsize=7, loc="upper left")
+    mem_ax.legend(fontsize=6, loc="upper left")
     left = 0.0
     parts = {"compute": p.compute_s, "exposed communication": p.exposed_comm_s, "bubble": p.bubble_s}
     for part, color in TIME_COLORS.items():
-        seconds = parts[part] if p.compute_s != float("inf") else 0.0
+        seconds = parts[part] if p.runs else 0.0
         time_ax.barh(["step"], [seconds], left=left, color=color, label=part)
         left += seconds
     time_ax.set_xlabel("seconds per step (predicted)")
-    title = f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.0%}" if p.compute_s != float("inf") else "cannot run"
+    title = f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.0%}" if p.runs else "cannot run"
     time_ax.set_title(title, fontsize=10)
     time_ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -77,9 +90,9 @@ def draw(**settings) -> Figure:
 
 
 class PlannerExplorer(Explorer):
-    """Model and cluster presets, nodes, global batch, tp, pp, cp, ZeRO stage, micro-batch and
-    checkpointing -> ``planner.plan``: memory per GPU, step time split, tokens/s, MFU, and why a
-    layout is rejected."""
+    """Model and cluster presets, nodes, global batch, tp, pp, interleave, cp, ZeRO stage,
+    micro-batch and recomputation -> ``planner.plan``: memory per GPU by part, step time split,
+    tokens/s, MFU, and why a layout is rejected and what would make it fit."""
 
     draws = True
 
@@ -106,6 +119,9 @@ class PlannerExplorer(Explorer):
                 "pp": widgets.SelectionSlider(
                     options=PP_DEGREES, value=values["pp"], description="pipeline stages pp", **common
                 ),
+                "interleave": widgets.SelectionSlider(
+                    options=INTERLEAVES, value=values["interleave"], description="chunks per stage v", **common
+                ),
                 "cp": widgets.SelectionSlider(
                     options=CP_DEGREES, value=values["cp"], description="context parallel cp", **common
                 ),
@@ -113,7 +129,9 @@ class PlannerExplorer(Explorer):
                 "micro_batch": widgets.SelectionSlider(
                     options=[1, 2, 4, 8, 16], value=values["micro_batch"], description="micro-batch b", **common
                 ),
-                "checkpointing": widgets.Checkbox(value=values["checkpointing"], description="checkpoint every block"),
+                "recompute": widgets.Dropdown(
+                    options=list(P.RECOMPUTE), value=values["recompute"], description="recompute", **drop
+                ),
             }
         )
 
