@@ -3,8 +3,8 @@ and the formula the student wrote.
 
 - ``budget_slip``: orders that hold more than a stage may: the cap p - s left out (within the
   budget, more than 1F1B holds there), or one micro-batch more than allowed (a comparison off by one);
-- ``slow_slip``: orders whose step is shorter than the fewest slots because they hold more than
-  allowed; valid orders that take more slots than needed: a stage waits, or runs a forward,
+- ``short_slip``: orders whose step is shorter than the fewest slots: they hold more than allowed;
+- ``slow_slip``: valid orders that take more slots than needed: a stage waits, or runs a forward,
   while a backward is ready (a fixed alternation of forwards and backwards), or waits while a
   forward is ready and within what it may hold;
 - ``formula_slip``: a slot formula that is off by a constant everywhere, gives 1F1B's slots
@@ -88,11 +88,9 @@ def _first_wait(orders, allowed: Sequence[int]) -> tuple[int, int, str, str] | N
     return min(found) if found else None
 
 
-def slow_slip(orders, n_stages: int, budget: int) -> str | None:
-    """For orders whose step takes another number of slots than the fewest: orders that hold more than
-    a stage may (a step shorter than any within the budget); else, for valid orders, the first slot in
-    which a stage waits, or runs a forward, while a backward is ready, or waits while a ready forward
-    would fit; None when there is none (or the orders cannot run)."""
+def short_slip(orders, n_stages: int, budget: int) -> str | None:
+    """For orders whose step takes fewer slots than any step within the budget can: they hold more than
+    a stage may (the slip), or None when they do not (or cannot be counted)."""
     allowed = _allowed(n_stages, budget)
     try:
         held = held_per_stage(orders)
@@ -103,6 +101,14 @@ def slow_slip(orders, n_stages: int, budget: int) -> str | None:
             f"the orders hold {held} micro-batches per stage, more than the {allowed} allowed: a step that keeps "
             "the budget cannot be this short (see the check of the rules above)"
         )
+    return None
+
+
+def slow_slip(orders, n_stages: int, budget: int) -> str | None:
+    """For valid orders: the first slot in which a stage waits, or runs a forward, while a backward
+    is ready, or waits while a ready forward would fit; None when there is none (or the orders
+    cannot run)."""
+    allowed = _allowed(n_stages, budget)
     try:
         wait = _first_wait([[tuple(op) for op in order] for order in orders], allowed)
     except (TypeError, ValueError, KeyError, IndexError):
