@@ -2,11 +2,14 @@
 
 A check that recognises the slip behind a failure names it: ``slip`` (a sentence, or None) ends
 the FAIL line, after what was expected and what came back. The ``*_slip`` functions of
-``parallel_course.slips`` say which slip a result points to.
+``parallel_course.slips`` say which slip a result points to. ``bytes_held`` measures the memory an
+object keeps alive (its tensors' storages, a view counting the storage it keeps).
 """
 
 from __future__ import annotations
 
+import types
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -89,3 +92,55 @@ def matching_slip(got, slips: dict[str, Any], atol: float) -> str | None:
         if same:
             return slip
     return None
+
+
+# What holding an object's tensors does not follow: classes, Python modules, functions and methods.
+_NOT_FOLLOWED = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+
+
+def storages_held(obj: Any, exclude: Any = ()) -> dict[int, int]:
+    """{storage address: bytes} of every tensor ``obj`` holds: its attributes, followed through
+    modules, optimizers, dicts, lists, tuples and sets, and a tensor's gradient (a tensor that is a
+    view counts its whole storage: what it keeps alive). The tensors in ``exclude`` (and their
+    gradients) are left out."""
+    left_out = {t.untyped_storage().data_ptr() for t in exclude}
+    found: dict[int, int] = {}
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() in left_out:
+                continue
+            if storage.nbytes():
+                found[storage.data_ptr()] = storage.nbytes()
+            if item.grad is not None:
+                stack.append(item.grad)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif hasattr(item, "__dict__") and not isinstance(item, _NOT_FOLLOWED):
+            stack.extend(vars(item).values())
+    return found
+
+
+def bytes_held(obj: Any, exclude: Any = ()) -> int:
+    """The bytes of the tensors ``obj`` holds (``storages_held``), each storage once."""
+    return sum(storages_held(obj, exclude).values())
+
+
+def raised_in(error: BaseException, files: Sequence[str]) -> str:
+    """The function (``Class.method``) of the student's ``files`` (names, or paths ending so) in which
+    ``error`` was raised: the last of them in its traceback; "your code" when none is."""
+    found, tb = "your code", error.__traceback__
+    while tb is not None:
+        if any(tb.tb_frame.f_code.co_filename.endswith(name) for name in files):
+            found = tb.tb_frame.f_code.co_qualname
+        tb = tb.tb_next
+    return found

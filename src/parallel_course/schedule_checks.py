@@ -10,7 +10,9 @@ every correct schedule satisfies, and nothing about how to build one:
 - the orders can run: a forward waits for the previous stage's forward of the same micro-batch, a
   backward for the next stage's backward; orders in which every stage waits for another deadlock;
 - a step takes the number of slots a formula predicts (each operation one slot), counted on the
-  timeline slot by slot.
+  timeline slot by slot;
+- the formula is one: it computes the slots of a long pipeline without playing the step out (the
+  lines of Python it runs counted, never timed).
 
 Each ``*_problem`` function returns what is wrong (which stage, which operation, which
 dependency) or None; each ``check_*`` function prints ``PASS ...`` or raises ``CheckFailed``.
@@ -18,7 +20,8 @@ dependency) or None; each ``check_*`` function prints ``PASS ...`` or raises ``C
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 
 from .checks import failure
 from .model_parallel import Op, grid, makespan, timeline
@@ -186,3 +189,52 @@ def check_slots(what: str, ops: Sequence[Op], n_microbatches: int, predicted, sl
         raise failure(what, problem, slip)
     bubble = 1 - 2 * n_microbatches / predicted
     print(f"PASS {what}: {predicted} slots, {predicted - 2 * n_microbatches} idle on each stage, bubble {bubble:.4f}")
+
+
+class _TooManyLines(BaseException):
+    """Raised by the line counter to stop a call (a BaseException: a student's ``except Exception`` lets it by)."""
+
+
+def lines_run(function: Callable, *args, most: int) -> tuple[object, int | None, list[str]]:
+    """``function(*args)`` with every line of Python it runs counted, in its own code and in what it
+    calls: (its result, the lines run, the names of the functions it called). Stopped once it has run
+    ``most`` lines: then the result is None and the count None. Counted, not timed: the same on any machine."""
+    count, called = 0, []
+
+    def local(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+            if count > most:
+                raise _TooManyLines
+        return local
+
+    def calls(frame, event, arg):
+        called.append(frame.f_code.co_name)
+        return local
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        result = function(*args)
+    except _TooManyLines:
+        return None, None, called
+    finally:
+        sys.settrace(previous)
+    return result, count, called
+
+
+def check_formula(what: str, step_slots: Callable, case: tuple[int, int, int], most: int, played=()) -> None:
+    """PASS when ``step_slots(*case)``, a long pipeline, runs at most ``most`` lines of Python: a formula,
+    or a loop over micro-batches, not a step played out slot by slot. A FAIL names what it called of
+    ``played`` (the functions that play a step out: the orders, the timeline)."""
+    _, count, called = lines_run(step_slots, *case, most=most)
+    if count is None:
+        used = [name for name in played if name in called]
+        how = f"it calls {', '.join(used)}" if used else "a loop over the slots, or over stages and micro-batches?"
+        raise failure(
+            what,
+            f"step_slots{case} ran more than {most:,} lines of Python: it plays the step out ({how}); "
+            "derive the number of slots from p, m and the budget",
+        )
+    print(f"PASS {what}: step_slots{case} computed without playing the step out (fewer than {most:,} lines run)")

@@ -49,6 +49,18 @@ SLIPS = {
         ],
         "every replica ran on the calling thread",
     ),
+    # Each thread joined before the next starts: threads, but one replica at a time.
+    "one thread at a time": (
+        "c04",
+        [
+            (
+                "    for t in threads:\n        t.start()\n    for t in threads:\n        t.join()",
+                "    for t in threads:\n        t.start()\n        t.join()",
+            )
+        ],
+        "FAIL forwards that ran while the other replicas' ran too: expected 3, got 0: the replicas ran one at a "
+        "time: does the function join each thread before it starts the next?",
+    ),
     # Step 2: the loss of the whole batch.
     "the plain mean of the losses": (
         "c07",
@@ -75,6 +87,17 @@ SLIPS = {
         [(" / sum(sizes)", " / len(sizes)")],
         "that is 33.33x the expected, 100/3: divided by the number of chunks",
     ),
+    # The answer skipped: the whole batch's loss computed again from the notebook's model and data.
+    "the loss computed again": (
+        "c07",
+        [
+            (
+                "return sum(loss * size for loss, size in zip(losses, sizes)) / sum(sizes)",
+                "return F.mse_loss(model(inputs), targets)",
+            )
+        ],
+        "FAIL loss of 8 other samples in chunks of [1, 2, 5]: max |difference| = ",
+    ),
     # Step 3: the gradient of the whole batch.
     "the sum of the gradients": (
         "c10",
@@ -96,6 +119,25 @@ SLIPS = {
         [("param.grad = grad if param.grad is None else param.grad + grad", "param.grad = grad")],
         "tolerance 2e-06: that is the gradient of one call: does the function set .grad where it should add to it?",
     ),
+    # The answer skipped: the whole batch's gradient computed again from the notebook's data.
+    "the gradient computed again": (
+        "c10",
+        [
+            (
+                "    total = sum(sizes)\n"
+                "    for param, *copies in zip(model.parameters(), *(r.parameters() for r in replicas)):\n"
+                "        grad = sum(copy.grad * (size / total) for copy, size in zip(copies, sizes))\n"
+                "        param.grad = grad if param.grad is None else param.grad + grad\n",
+                "    F.mse_loss(model(inputs), targets).backward()\n",
+            )
+        ],
+        "FAIL gradient of 0.weight, 8 other samples in chunks of [1, 2, 5]: max |difference| = ",
+    ),
+}
+# Where the words above name the check and a number, the slip's own words follow.
+ALSO = {
+    "the loss computed again": "that is the loss of the model on the whole batch, computed again",
+    "the gradient computed again": "that is the gradient of the model on the whole batch, computed again",
 }
 
 
@@ -108,4 +150,4 @@ def test_the_check_names_the_slip(slip):
         sources[CELLS.index(target)] = injected(sources[CELLS.index(target)], old, new)
     failure = first_failure(sources)
     assert failure.startswith("FAIL "), failure
-    assert named in failure, failure
+    assert named in failure and ALSO.get(slip, "") in failure, failure

@@ -20,6 +20,10 @@ from parallel_course.checks import CheckFailed
 from slip_injection import code_cell, inject, lab_folder
 
 SOLUTION = "lab09_resume_exactly.ipynb"
+REPLACE = "    os.replace(tmp, path)  # atomic: readers see the old file or the new one\n"
+WATCHED = (
+    "FAIL what the checkpoint's path holds at every line of a save: expected ['the old file', 'the new file'], got "
+)
 # slip -> (substitutions on the solution's lab09_train.py, the FAIL line's start, the slip's words).
 SLIPS = {
     "step_not_returned": (
@@ -49,8 +53,18 @@ SLIPS = {
     ),
     "saved_in_place": (
         [('tmp = path.with_name(path.name + ".tmp")', "tmp = path")],
-        "FAIL previous checkpoint intact after a failed save: expected True, got False",
-        "does save_atomically write over the old checkpoint directly?",
+        WATCHED + "['the old file', 'a file of 0 bytes', ",
+        "the checkpoint's own path held a partial file: is the new one written (or copied) into it?",
+    ),
+    "removed_first": (
+        [(REPLACE, "    if path.exists():\n        os.remove(path)\n    os.rename(tmp, path)\n")],
+        WATCHED + "['the old file', 'no file', 'the new file']",
+        "for a while there was no checkpoint at all: is the old file removed before the new one takes its place?",
+    ),
+    "copied": (
+        [(REPLACE, "    import shutil\n\n    shutil.copyfile(tmp, path)\n")],
+        WATCHED + "['the old file', 'a file of 0 bytes', 'the new file']",
+        "the checkpoint's own path held a partial file",
     ),
 }
 

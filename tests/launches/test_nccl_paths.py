@@ -42,6 +42,7 @@ NO_GROUP = {
     "c04_mp_spawn.py",
     "lab03_ring.py",
     "lab05_my_ddp.py",
+    "lab05_my_bucketed_ddp.py",
     "lab07_tp.py",
     "lab08_sharded_optimizer.py",
     "lab11_zero3.py",

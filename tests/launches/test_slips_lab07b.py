@@ -13,6 +13,8 @@ COLUMN_BIAS = "self.bias = nn.Parameter(linear.bias.detach().chunk(world_size, d
 ROW_WEIGHT = "self.weight = nn.Parameter(linear.weight.detach().chunk(world_size, dim=1)[rank].clone())"
 ROW_BIAS = "self.bias = nn.Parameter(linear.bias.detach().clone())"
 ROW_OUTPUT = "return SumShards.apply(F.linear(x, self.weight)) + self.bias"
+GATHERED = "return GatherShards.apply(y) if self.gather_output else y"
+SCATTERED = "if not self.input_is_sharded:\n            x = ScatterToShards.apply(x)"
 # slip -> (substitutions on the solution's lab07_tp.py, the words a FAIL line must hold).
 SLIPS = {
     "column_split_by_inputs": (
@@ -52,6 +54,24 @@ SLIPS = {
             (COLUMN_BIAS, COLUMN_BIAS.replace(".chunk(world_size, dim=0)[rank]", "[rank::world_size]")),
         ],
         "the right output features in another order",
+    ),
+    # What tensor parallelism is for, skipped: a rank keeps the whole weight alive.
+    "column_weight_a_view": (
+        [(COLUMN_WEIGHT, COLUMN_WEIGHT.replace(".clone())", ")"))],
+        "ColumnParallelLinear: this rank's parameters: rank 0: expected 1,088 bytes held (its slices), got 2,112: "
+        "its weight is a view into the whole weight",
+    ),
+    "the_layer_kept": (
+        [(ROW_BIAS, ROW_BIAS + "\n        self.linear = linear")],
+        "RowParallelLinear: this rank's parameters: rank 0: expected 1,152 bytes held (its slices), got 3,328: it "
+        "keeps more than its slices",
+    ),
+    # The flags ignored: the hidden features gathered, then cut again.
+    "flags_ignored": (
+        [(GATHERED, "return GatherShards.apply(y)"), (SCATTERED, "x = ScatterToShards.apply(x)")],
+        "MLP: collectives counted: rank 0: expected forward: all_reduce of 32 elements; backward: all_reduce of 64 "
+        "elements, got forward: all_gather of 64 elements, all_reduce of 32 elements; backward: all_gather of 64 "
+        "elements, all_reduce of 64 elements: an all_gather: does the column layer gather its output",
     ),
 }
 # Where the first words above name the check and a number, the slip's own words follow.

@@ -47,9 +47,32 @@ SLIPS = {
         ],
         "the weights are those of a run whose learning rate was never halved",
     ),
+    # Sharding skipped: a whole optimizer, beside self.local, steps every parameter on every rank.
+    "a_whole_optimizer_hidden": (
+        [
+            (
+                "        self.local = optimizer_cls(local_groups, **kwargs)\n",
+                "        self.local = optimizer_cls(local_groups, **kwargs)\n"
+                '        self.whole = optimizer_cls([{**g, "params": list(g["params"])} for g in self.param_groups], '
+                "**kwargs)\n",
+            ),
+            (
+                "        self.local.step()\n        for group in self.param_groups:\n"
+                '            for p in group["params"]:\n                ' + BROADCAST + "\n",
+                "        self.whole.step()\n",
+            ),
+        ],
+        "every parameter has state on exactly one rank: expected [0, 1, 2, 3, 4, 5, 6, 7], got [0, 0, 1, 1, 2, 2, "
+        "3, 3, 4, 4, 5, 5, 6, 6, 7, 7]: every rank holds optimizer state for every parameter",
+    ),
 }
 # Where the words above name the check and a number, the slip's own words follow.
 ALSO = {"round_robin": "the owners go round-robin by position", "not_owned": "no parameter moved on any rank"}
+# A second FAIL line the slip also gets: the state bytes measured.
+SECOND = {
+    "a_whole_optimizer_hidden": "Adam: the largest share is at most 1/N of the state + the largest parameter's: "
+    "expected <= 296,596 bytes, got 331,040"
+}
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +85,5 @@ def checked(tmp_path_factory):
 @pytest.mark.parametrize("slip", SLIPS)
 def test_the_fail_line_names_the_slip(checked, slip):
     assert_fail_names(checked[slip], SLIPS[slip][1], ALSO.get(slip, ""))
+    if slip in SECOND:
+        assert_fail_names(checked[slip], SECOND[slip])

@@ -1,8 +1,10 @@
-"""Lab 13's checker names the likely slips of ring attention: each slip injected into the solution's
-lab13_ring.py, every variant checked by the checker's own main() in one torchrun of 4 ranks
-(tests/slip_driver.py), the world size the lab checks at. The merge's in-kernel check and its slips:
-tests/course/test_slips_lab13_merge.py; the recognisers on traces of 3 ranks:
-tests/unit/test_slips_ring_attention.py."""
+"""Lab 13's checker names the likely slips of ring attention, and the answers that skip the ring: each
+injected into the solution's lab13_ring.py, every variant checked by the checker's own main() in one
+torchrun of 4 ranks (tests/slip_driver.py), the world size the lab checks at. A ring that waits
+forever (a rank leaving the ring early, blocking sends), a collective, a receive into the tensor
+being sent and the course's own ring are named by the run on threads that comes first, at once.
+The merge's in-kernel check and its slips: tests/course/test_slips_lab13_merge.py; the recognisers
+on traces of 3 ranks: tests/unit/test_slips_ring_attention.py."""
 
 import json
 
@@ -17,6 +19,18 @@ MERGED = "return weight_a * out_a + weight_b * out_b, lse"
 OWN = "out, lse = attend(q, k, v, causal=True)"
 EARLIER = "out, lse = merge(out, lse, *attend(q, k, v, causal=False))"
 SOURCE = "source = (rank - step) % n"
+NEW_TENSORS = "k_in, v_in = torch.empty_like(k), torch.empty_like(v)"
+BATCHED = """    ops = [
+        dist.P2POp(dist.isend, k, right),
+        dist.P2POp(dist.isend, v, right),
+        dist.P2POp(dist.irecv, k_in, left),
+        dist.P2POp(dist.irecv, v_in, left),
+    ]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+"""
+LOOP = "for step in range(1, n):"
+THREADS = "FAIL your ring on 4 threads: "
 # slip -> (substitutions on the solution's lab13_ring.py, the words its FAIL line must hold).
 SLIPS = {
     "average": ([(MERGED, "return (out_a + out_b) / 2, lse")], "the output: it averages the two outputs"),
@@ -38,6 +52,49 @@ SLIPS = {
     "sent_left": (
         [("right, left = (rank + 1) % n, (rank - 1) % n", "right, left = (rank - 1) % n, (rank + 1) % n")],
         "K/V travel the wrong way round",
+    ),
+    # The ring left once the blocks that arrive are later ones: rank 0 leaves at once.
+    "leaves_the_ring_early": (
+        [(LOOP, "for step in range(1, rank + 1):")],
+        THREADS + "the ring waits forever (rank 0 returned after 0 send(s) and 0 receive(s); rank 1 waits for its "
+        "receive #1 from rank 0; ",
+    ),
+    "blocking_send_then_receive": (
+        [
+            (
+                BATCHED,
+                "    dist.send(k, right)\n    dist.send(v, right)\n"
+                "    dist.recv(k_in, left)\n    dist.recv(v_in, left)\n",
+            )
+        ],
+        "every rank waits in a blocking send to a neighbour that is sending too: post the sends and the receives "
+        "together, in one dist.batch_isend_irecv",
+    ),
+    "received_into_the_tensor_sent": (
+        [(NEW_TENSORS, "k_in, v_in = k, v")],
+        THREADS + "rank 0 receives into a tensor it is still sending (its receive #1)",
+    ),
+    # The ring skipped: every block gathered at once.
+    "all_gather": (
+        [
+            (
+                LOOP,
+                "blocks = [torch.empty_like(k) for _ in range(n)]\n"
+                "    dist.all_gather(blocks, k)\n"
+                "    values = [torch.empty_like(v) for _ in range(n)]\n"
+                "    dist.all_gather(values, v)\n"
+                "    for source in range(rank):\n"
+                "        out, lse = merge(out, lse, *attend(q, blocks[source], values[source], causal=False))\n"
+                "    return out, lse\n"
+                "    " + LOOP,
+            )
+        ],
+        THREADS + "ring_attention calls dist.all_gather: the keys and values go round the ring",
+    ),
+    # The ring skipped: the course's own.
+    "the_course_ring": (
+        [(BATCHED, "    from parallel_course.context_parallel import shift\n\n    k_in, v_in = shift(k), shift(v)\n")],
+        THREADS + "ring_attention calls the course's parallel_course.context_parallel (shift)",
     ),
 }
 

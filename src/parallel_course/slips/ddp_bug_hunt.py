@@ -10,10 +10,16 @@ The final weights are compared with what each slip trains (``checks.matching_sli
 ``WHOLE_DATA`` (no DistributedSampler: every rank reads the whole data set, the same batches) and
 ``SAME_ORDER`` (no ``set_epoch``): the runs of those slips are the lab's own reference run with one
 switch turned, in the notebook.
+
+The two mistakes a CPU cannot show are read in the script's syntax tree, whatever its spelling:
+``device_from_global_rank`` (a device built from the global rank: ``RANK``, ``dist.get_rank()`` or a
+name assigned from them) and ``moved_after_wrap`` (``.to()``/``.cuda()`` of the model, or of its
+wrapper, once ``DDP(...)`` has wrapped it).
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 
 from parallel_course.checks import scale_of
@@ -58,4 +64,92 @@ def loss_slip(
         return (
             f"every epoch's loss is {scale:.2f}x the reference's: is the sum over the ranks divided by the world size?"
         )
+    return None
+
+
+def _is_global_rank(node: ast.AST, tainted: set[str]) -> bool:
+    """Whether ``node`` reads the global rank: RANK from the environment, get_rank(), or a name holding it."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and sub.id in tainted:
+            return True
+        if isinstance(sub, ast.Constant) and sub.value == "RANK":
+            return True
+        if isinstance(sub, ast.Call):
+            name = sub.func.attr if isinstance(sub.func, ast.Attribute) else getattr(sub.func, "id", "")
+            if name == "get_rank":
+                return True
+    return False
+
+
+def _rank_names(tree: ast.AST) -> set[str]:
+    """The names assigned (directly or through another such name) from the global rank."""
+    tainted: set[str] = set()
+    while True:
+        more = {
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Name) and _is_global_rank(node.value, tainted)
+        }
+        if more <= tainted:
+            return tainted
+        tainted |= more
+
+
+def device_from_global_rank(source: str) -> str | None:
+    """The first line of ``source`` that picks a device from the global rank, named as a slip; None when
+    none does (or the script does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    tainted = _rank_names(tree)
+    lines = source.splitlines()
+    for node in sorted(ast.walk(tree), key=lambda n: getattr(n, "lineno", 0)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name in ("device", "set_device", "to", "cuda") and any(
+            _is_global_rank(arg, tainted) for arg in [*node.args, *(k.value for k in node.keywords)]
+        ):
+            return (
+                f"line {node.lineno} picks a device from the global rank ({lines[node.lineno - 1].strip()}): on the "
+                "second node cuda:RANK does not exist; use the device setup() returns, cuda:LOCAL_RANK (M6)"
+            )
+    return None
+
+
+def moved_after_wrap(source: str) -> str | None:
+    """The first line of ``source`` that moves the model (or its DDP wrapper) once DDP(...) has wrapped it,
+    named as a slip; None when none does (or the script does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    lines = source.splitlines()
+    wraps = []
+    for node in ast.walk(tree):
+        value = node.value if isinstance(node, (ast.Assign, ast.Expr)) else None
+        calls = [n for n in ast.walk(value) if isinstance(n, ast.Call)] if value is not None else []
+        for call in calls:
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+            if name in ("DDP", "DistributedDataParallel"):
+                names = {a.id for a in call.args[:1] if isinstance(a, ast.Name)}
+                if isinstance(node, ast.Assign):
+                    names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+                wraps.append((call, names))
+    for node in sorted(ast.walk(tree), key=lambda n: getattr(n, "lineno", 0)):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("to", "cuda")
+        ):
+            continue
+        moved = node.func.value
+        for call, names in wraps:
+            wrapped = moved is call or (isinstance(moved, ast.Name) and moved.id in names and node.lineno > call.lineno)
+            if wrapped:
+                return (
+                    f"line {node.lineno} moves the model once DDP has wrapped it ({lines[node.lineno - 1].strip()}): "
+                    "DDP registered its parameters where they were; move the model first, then wrap it (M7)"
+                )
     return None

@@ -5,6 +5,8 @@ from what the student's functions produced.
   function made in a loop sees the loop variable's last value; or threads not joined);
 - ``no_gradient_slip``: a replica without gradients (the model run in its place, or no backward);
 - ``thread_slip``: the forwards or the backwards run on the calling thread, not on the replicas';
+- ``one_at_a_time_slip``: the replicas' threads run one after the other (each joined before the
+  next starts), not at the same time;
 - ``scale_slip``: a loss or gradient off by the number of samples or of samples per chunk (a sum
   over samples where the mean is wanted, or a division by the number of chunks).
 
@@ -73,5 +75,16 @@ def scale_slip(got, expected, sizes: Sequence[int]) -> str | None:
         return (
             f"that is {scale:.2f}x the expected, {total}/{chunks}: divided by the number of chunks "
             "where the number of samples belongs?"
+        )
+    return None
+
+
+def one_at_a_time_slip(together: Sequence[bool]) -> str | None:
+    """What ``together`` says (per forward: whether every replica's forward had started while it
+    waited, a bounded wait): the replicas ran one at a time, or None."""
+    if together and not any(together):
+        return (
+            "the replicas ran one at a time: does the function join each thread before it starts the next? "
+            "Start every thread, then join them all"
         )
     return None

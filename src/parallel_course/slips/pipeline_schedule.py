@@ -3,6 +3,7 @@ and the formula the student wrote.
 
 - ``budget_slip``: orders that hold more than a stage may: the cap p - s left out (within the
   budget, more than 1F1B holds there), or one micro-batch more than allowed (a comparison off by one);
+- ``short_slip``: orders whose step is shorter than the fewest slots: they hold more than allowed;
 - ``slow_slip``: valid orders that take more slots than needed: a stage waits, or runs a forward,
   while a backward is ready (a fixed alternation of forwards and backwards), or waits while a
   forward is ready and within what it may hold;
@@ -87,12 +88,29 @@ def _first_wait(orders, allowed: Sequence[int]) -> tuple[int, int, str, str] | N
     return min(found) if found else None
 
 
+def short_slip(orders, n_stages: int, budget: int) -> str | None:
+    """For orders whose step takes fewer slots than any step within the budget can: they hold more than
+    a stage may (the slip), or None when they do not (or cannot be counted)."""
+    allowed = _allowed(n_stages, budget)
+    try:
+        held = held_per_stage(orders)
+    except (TypeError, ValueError):
+        return None
+    if len(held) == n_stages and any(h > a for h, a in zip(held, allowed)):
+        return (
+            f"the orders hold {held} micro-batches per stage, more than the {allowed} allowed: a step that keeps "
+            "the budget cannot be this short (see the check of the rules above)"
+        )
+    return None
+
+
 def slow_slip(orders, n_stages: int, budget: int) -> str | None:
     """For valid orders: the first slot in which a stage waits, or runs a forward, while a backward
     is ready, or waits while a ready forward would fit; None when there is none (or the orders
     cannot run)."""
+    allowed = _allowed(n_stages, budget)
     try:
-        wait = _first_wait([[tuple(op) for op in order] for order in orders], _allowed(n_stages, budget))
+        wait = _first_wait([[tuple(op) for op in order] for order in orders], allowed)
     except (TypeError, ValueError, KeyError, IndexError):
         return None
     if wait is None:

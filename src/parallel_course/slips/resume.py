@@ -4,7 +4,9 @@ checkpoint code produced.
 In the kernel (check 1, a group of one): the step not returned, the model's, the optimizer's or
 the scheduler's state not saved and loaded, the RNG not set back, a save that overwrites the old
 checkpoint in place (``step_slip``, ``weights_slip``, ``moments_slip``, ``schedule_slip``,
-``rng_slip``, ``failed_save_slip``; ``check_named`` puts the slip in the FAIL line).
+``rng_slip``, ``failed_save_slip``; ``check_named`` puts the slip in the FAIL line); a save watched
+line by line (``what_path_held``): the old file removed before the new one takes its place, or the
+new one written (or copied) into the checkpoint's own path (``save_slip``).
 
 After a crash and a restart (check 2): the job logs a fingerprint of each rank's state after every
 checkpoint and after a restore (``log_fingerprint``); ``restart_slip`` compares, rank by rank, what
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,6 +88,66 @@ def failed_save_slip(path: Path) -> str | None:
         return (
             "the failed save left a file torch.load cannot read: does save_atomically write over the old "
             "checkpoint directly?"
+        )
+    return None
+
+
+OLD, NEW, NO_FILE = "the old file", "the new file", "no file"
+
+
+def what_path_held(save, state: Any, path: Path) -> list[str]:
+    """``save(state, path)``, with ``path`` read before every line of Python that runs (the save's own
+    and what it calls: torch.save's, shutil's, pathlib's) and once after: what it held, in order,
+    each change once: the old file, the new file (what it holds at the end), no file, or a file of
+    N bytes that is neither. Lines counted, not timed: what a crash between two of them would leave."""
+
+    def read() -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    old, held = read(), []
+
+    def look(frame, event, arg):
+        content = read()
+        if not held or held[-1] != content:
+            held.append(content)
+        return look
+
+    previous = sys.gettrace()
+    sys.settrace(look)
+    try:
+        save(state, path)
+    finally:
+        sys.settrace(previous)
+    look(None, "end", None)
+    new = held[-1]
+
+    def named(content: bytes | None) -> str:
+        if content is None:
+            return NO_FILE
+        if content == old:
+            return OLD
+        if content == new:
+            return NEW
+        return f"a file of {len(content):,} bytes"
+
+    return [named(content) for content in held]
+
+
+def save_slip(held: Sequence[str]) -> str | None:
+    """What ``what_path_held`` saw points to: the old file removed first, or a partial file in the
+    checkpoint's own path; None when it held only the old file, then the new one."""
+    if NO_FILE in held[1:-1]:
+        return (
+            "for a while there was no checkpoint at all: is the old file removed before the new one takes its "
+            "place? os.replace(tmp, path) replaces it in one step"
+        )
+    if any(h not in (OLD, NEW) for h in held):
+        return (
+            "the checkpoint's own path held a partial file: is the new one written (or copied) into it? Write a "
+            "temporary file, then os.replace it over the old one"
         )
     return None
 

@@ -13,6 +13,11 @@ those numbers. ``ring_slip`` reads them:
 - one chunk per rank a partial sum: the all-gather stops a step short.
 
 ``timeout_slip`` names the deadlock behind a send or receive that timed out.
+
+``simulated_problem`` runs the ring first on threads, one per rank (``simulated_group``), where a
+deadlock is found the moment every rank waits, not after a timeout, and every message is counted:
+a collective instead of send/recv, a send to another rank than the right neighbour, or more
+elements than the ring's 2(N - 1) chunks (the whole tensor sent round or to every rank) is named.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from parallel_course.slips.simulated_group import simulate
 
 
 def _chunks(tensor: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
@@ -95,3 +102,52 @@ def timeout_slip(error: BaseException) -> str | None:
         "a send or receive timed out: does every rank wait in a blocking send (or recv) for a neighbour that "
         "waits too? See the deadlock rule"
     )
+
+
+def deadlock_slip(waits: Sequence[str]) -> str:
+    """Who waits for whom, when a ring deadlocked: the rule it breaks."""
+    if all(" waits in its send " in line for line in waits):
+        return (
+            "every rank waits in a blocking send for a neighbour that is sending too: see the deadlock rule (even "
+            "ranks send first, odd ranks receive first)"
+        )
+    return "does every rank post as many sends and receives as its neighbours, in an order that lets each match?"
+
+
+def simulated_problem(ring, world_size: int, numel: int = 1001) -> str | None:
+    """The ring run on ``world_size`` threads (a tensor of ``numel`` elements per rank): what is wrong
+    with how it communicates, as the end of a FAIL line, or None. An exception it raises is left to
+    the real run (None), where its traceback shows."""
+    inputs = [(torch.randn(numel, generator=torch.Generator().manual_seed(rank)),) for rank in range(world_size)]
+    outcome = simulate(ring, inputs, allowed=("send", "recv"))
+    if outcome.forbidden:
+        _, name = outcome.forbidden
+        return (
+            f"ring_allreduce calls dist.{name}: the ring is built from blocking dist.send and dist.recv only, "
+            "one chunk to the right neighbour at a time"
+        )
+    if outcome.deadlock:
+        return f"the ring deadlocks ({'; '.join(outcome.deadlock)}): {deadlock_slip(outcome.deadlock)}"
+    if outcome.error is not None:
+        return None
+    most = 2 * (world_size - 1) * -(-numel // world_size)
+    for rank in range(world_size):
+        right, left = (rank + 1) % world_size, (rank - 1) % world_size
+        sent = outcome.sent(rank)
+        to = sorted({m.dst for m in sent})
+        start = []
+        if to and to != [right]:
+            start.append(f"sends to rank(s) {', '.join(map(str, to))}")
+        elements = sum(m.numel for m in sent)
+        if elements > most:
+            start.append(f"sends {elements:,} elements ({elements / numel:.2f}x the tensor)")
+        frm = sorted({m.src for m in outcome.received(rank)})
+        if frm and frm != [left]:
+            start.append(f"receives from rank(s) {', '.join(map(str, frm))}")
+        if start:
+            return (
+                f"for a tensor of {numel:,} elements rank {rank} {' and '.join(start)}: a ring sends 2(N - 1) chunks "
+                f"of about 1/N of it, {most:,} elements at most, to its right neighbour (rank {right}) only, and "
+                f"receives from its left (rank {left})"
+            )
+    return None

@@ -13,12 +13,21 @@
   by one step, the wrong mask on a block (the rank's own: causal; earlier: full; later: skipped),
   a block left out, a merge slip, the running (out, lse) not carried from one merge to the next.
 
+``simulated_problem`` runs the ring first on threads, one per rank (``simulated_group``): a ring that
+waits forever is found the moment every rank waits, not after a timeout (a rank that leaves the
+ring early, sends and receives not posted together), and so are a collective in place of the ring,
+a receive into the tensor being sent, blocks sent elsewhere than to the right neighbour, and the
+course's own ring (``parallel_course.context_parallel``) used in place of the student's.
+
 Nothing here merges two partial results: the checks compare with attention over all the keys.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
+import inspect
 import math
 from collections.abc import Sequence
 
@@ -26,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from parallel_course.checks import check_close, failure
+from parallel_course.slips.simulated_group import simulate
 
 # Two results agree when they differ by at most this, relative to the larger one's largest element.
 RTOL = 1e-4
@@ -272,5 +282,119 @@ def ring_slip(traces: Sequence[list]) -> str | None:
             return (
                 f"rank {rank} attended to block {block}, a later one ({done} mask): every key there comes after "
                 "every query here; skip later blocks"
+            )
+    return None
+
+
+# --- the ring, on threads first --------------------------------------------------------------------
+
+
+COURSE = "parallel_course.context_parallel"
+
+
+def course_ring_used(module) -> list[str]:
+    """The names in ``module`` that are the course's own context parallelism (the module, or what it defines)."""
+    return sorted(
+        name
+        for name, value in vars(module).items()
+        if getattr(value, "__name__", None) == COURSE or getattr(value, "__module__", None) == COURSE
+    )
+
+
+@contextlib.contextmanager
+def course_calls():
+    """The functions of the course's context parallelism called while the block runs (imported inside a
+    function too): yields the set of their names."""
+    course, called = importlib.import_module(COURSE), set()
+    functions = {name: f for name, f in vars(course).items() if inspect.isfunction(f) and f.__module__ == COURSE}
+
+    def recording(name, function):
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            called.add(name)
+            return function(*args, **kwargs)
+
+        return call
+
+    for name, function in functions.items():
+        setattr(course, name, recording(name, function))
+    try:
+        yield called
+    finally:
+        for name, function in functions.items():
+            setattr(course, name, function)
+
+
+def deadlock_slip(waits: Sequence[str], world_size: int) -> str:
+    """Who waits for whom when the ring deadlocked: what to check."""
+    left = [line for line in waits if " returned after " in line]
+    if left:
+        return (
+            f"{left[0]}, while its neighbour still waits for a block from it: every rank takes part in all "
+            f"N - 1 = {world_size - 1} steps, passing on blocks it no longer uses (a later block is skipped, "
+            "not its step)"
+        )
+    if all(" waits in its send " in line for line in waits):
+        return (
+            "every rank waits in a blocking send to a neighbour that is sending too: post the sends and the "
+            "receives together, in one dist.batch_isend_irecv"
+        )
+    return "does every rank post one send to the right and one receive from the left per step, for N - 1 steps?"
+
+
+def simulated_problem(module, q_blocks, k_blocks, v_blocks) -> str | None:
+    """``module.ring_attention`` run on one thread per rank (rank r with block r of each): what is wrong
+    with how it passes the blocks, as the end of a FAIL line, or None. An exception it raises is left
+    to the real run (None), where its traceback shows."""
+    used = course_ring_used(module)
+    if used:
+        return (
+            f"your file uses the course's parallel_course.context_parallel ({', '.join(used)}): write the ring "
+            "yourself, from dist.P2POp and dist.batch_isend_irecv"
+        )
+    n = len(q_blocks)
+    with course_calls() as called:
+        outcome = simulate(
+            module.ring_attention, [(q, k.clone(), v.clone()) for q, k, v in zip(q_blocks, k_blocks, v_blocks)]
+        )
+    if called:
+        return (
+            f"ring_attention calls the course's parallel_course.context_parallel ({', '.join(sorted(called))}): "
+            "write the ring yourself, from dist.P2POp and dist.batch_isend_irecv"
+        )
+    if outcome.forbidden:
+        return (
+            f"ring_attention calls dist.{outcome.forbidden[1]}: the keys and values go round the ring, one block "
+            "per step from the left neighbour (ring_step), never gathered whole"
+        )
+    if outcome.aliased:
+        rank, index = outcome.aliased
+        return (
+            f"rank {rank} receives into a tensor it is still sending (its receive #{index}): the block may be "
+            "overwritten while it travels; receive into new tensors (torch.empty_like)"
+        )
+    if outcome.deadlock:
+        return f"the ring waits forever ({'; '.join(outcome.deadlock)}): {deadlock_slip(outcome.deadlock, n)}"
+    if outcome.error is not None:
+        return None
+    block = k_blocks[0].numel() + v_blocks[0].numel()
+    if n > 2 and all(
+        {m.dst for m in outcome.sent(r)} == {(r - 1) % n} and {m.src for m in outcome.received(r)} == {(r + 1) % n}
+        for r in range(n)
+    ):
+        return (
+            "K/V travel the wrong way round: every rank sends to its left neighbour and receives from its right; "
+            "send to the right ((rank + 1) % N) and receive from the left ((rank - 1) % N)"
+        )
+    for rank in range(n):
+        right, left = (rank + 1) % n, (rank - 1) % n
+        to = sorted({m.dst for m in outcome.sent(rank)})
+        frm = sorted({m.src for m in outcome.received(rank)})
+        elements = sum(m.numel for m in outcome.sent(rank))
+        if (to and to != [right]) or (frm and frm != [left]) or elements > (n - 1) * block:
+            return (
+                f"rank {rank} sends {elements:,} elements to rank(s) {', '.join(map(str, to))} and receives from "
+                f"rank(s) {', '.join(map(str, frm))}: a ring passes its block of keys and values ({block:,} elements) "
+                f"to the right neighbour (rank {right}) and receives the left one's (rank {left}), N - 1 times"
             )
     return None

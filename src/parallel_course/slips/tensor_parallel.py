@@ -6,7 +6,12 @@ student's layers produced on every rank.
 - ``output_slip``: only this rank's slice returned, the bias added on every rank, the partial
   results never summed, the output features in another order;
 - ``gradient_slip``: an input gradient that is only this rank's part (the backward communication
-  left out); ``scale_slip``: a constant times the expected one.
+  left out); ``scale_slip``: a constant times the expected one;
+- ``memory_slip``: a layer that holds more than its slices (measured: the bytes of the tensors it
+  keeps alive): a slice that is a view of the whole weight, or the whole layer kept;
+- ``collectives_slip``: the collectives of a column -> row MLP, counted in forward and backward,
+  against Megatron's one all_reduce each way (a column layer that gathers, a row layer that
+  slices again: the flags ignored).
 """
 
 from __future__ import annotations
@@ -154,4 +159,33 @@ def scale_slip(got: torch.Tensor, expected: torch.Tensor) -> str | None:
     scale = (got.double().reshape(-1) @ reference / (reference @ reference)).item()
     if abs(scale - 1) > RTOL and _close(got.double(), scale * expected.double()):
         return f"every element is {scale:.2f}x the expected one"
+    return None
+
+
+def memory_slip(weight, held: int, expected: int) -> str | None:
+    """Why a layer holds ``held`` bytes where its slices take ``expected``; ``weight``: its weight."""
+    if held <= expected:
+        return None
+    if isinstance(weight, torch.Tensor) and weight.untyped_storage().nbytes() > weight.numel() * weight.element_size():
+        return (
+            "its weight is a view into the whole weight: the slice keeps all of W alive on every rank; "
+            ".clone() it (a rank holds 1/N of the weight)"
+        )
+    return "it keeps more than its slices (the nn.Linear itself, or a copy of W): a rank holds 1/N of the weight"
+
+
+def describe_calls(calls: Sequence[tuple[str, int]]) -> str:
+    """Collectives as "all_reduce of 32 elements, ..." (or "none")."""
+    return ", ".join(f"{name} of {numel:,} elements" for name, numel in calls) or "none"
+
+
+def collectives_slip(forward: Sequence[tuple[str, int]], backward: Sequence[tuple[str, int]]) -> str | None:
+    """What the collectives of a column -> ReLU -> row MLP point to, beyond one all_reduce each way."""
+    names = [name for name, _ in [*forward, *backward]]
+    if "all_gather" in names or "all_gather_into_tensor" in names:
+        return (
+            "an all_gather: does the column layer gather its output though gather_output=False, and the row layer "
+            "cut it again though input_is_sharded=True? Each rank keeps its slice of the hidden features; only "
+            "the row layer's sum travels"
+        )
     return None

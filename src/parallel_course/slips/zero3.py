@@ -6,7 +6,9 @@
   ranks where the average is wanted);
 - ``collective_slip``: the collectives counted in one step: no gather in backward (the layer not
   recomputed), an all-reduce where a reduce-scatter is wanted, no reduce-scatter at all;
-- ``kept_whole_slip``: layers that still hold their whole parameters after forward.
+- ``kept_whole_slip``: layers that still hold their whole parameters after forward, or after
+  backward (set back to None without ``finally:``: the recompute stops early);
+- ``recursion_slip``: a forward that calls the wrapped layer again instead of its own forward.
 """
 
 from __future__ import annotations
@@ -119,11 +121,26 @@ def collective_slip(
     return None
 
 
-def kept_whole_slip(kept: Sequence[str]) -> str | None:
-    """``kept``: the names of the whole parameters that layers still hold after forward."""
+def kept_whole_slip(kept: Sequence[str], after: str = "forward") -> str | None:
+    """``kept``: the names of the whole parameters that layers still hold ``after`` forward or backward."""
     if not kept:
         return None
+    if after == "backward":
+        return (
+            f"{kept[0]} is still set on its layer after backward: are the whole parameters set back to None in a "
+            "finally:? In backward, non-reentrant checkpointing stops the recompute as soon as it has what it "
+            "needs: the lines after forward(*inputs) may never run"
+        )
     return (
         f"{kept[0]} is still set on its layer after forward: are the whole parameters set back to None "
         "once the layer has computed?"
+    )
+
+
+def recursion_slip() -> str:
+    """What a forward that recursed without end points to."""
+    return (
+        "the forward recursed without end (RecursionError): does run() call layer(*inputs)? The layer's forward "
+        "is now gathered, which calls run again; call forward(*inputs), the layer's own forward that _gathered "
+        "was given"
     )
