@@ -61,6 +61,7 @@ from parallel_course.training.step_metrics import (
     held_gradient_bytes,
     local,
     nbytes,
+    optimizer_state_bytes,
     throughput,
 )
 
@@ -293,8 +294,7 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
     task = AdditionTask(args.digits, args.variable_length)
     # Every rank draws every global batch, and trains on its data-parallel share of it.
     data = torch.Generator().manual_seed(args.seed + 1)
-    dp_size, dp_rank = meshes["dp"].size(), meshes["dp"].get_local_rank()
-    per_rank = args.global_batch_size // dp_size
+    dp_rank, per_rank = meshes["dp"].get_local_rank(), args.global_batch_size // meshes.size("dp")
     optimizer = make_optimizer(model, args.lr)
     clock = StepClock(optimizer, device)
     if args.resume:
@@ -354,17 +354,9 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
     if args.steps == 0:
         checkpoints.save(0, model, optimizer, data)
     checkpoints.wait()
-    memory["optimizer_state_bytes"] = nbytes(
-        t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
-    )
-    return {
-        "losses": losses,
-        "memory": memory,
-        "collectives_per_block": collectives,
-        "checkpoints": checkpoints.saves,
-        "expert_steps": expert_steps,
-        "step_times_s": clock.step_times_s,
-    }
+    memory["optimizer_state_bytes"] = optimizer_state_bytes(optimizer)
+    run = {"losses": losses, "memory": memory, "collectives_per_block": collectives, "expert_steps": expert_steps}
+    return {**run, "checkpoints": checkpoints.saves, "step_times_s": clock.step_times_s}
 
 
 def prepare(args, device: torch.device):

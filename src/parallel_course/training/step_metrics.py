@@ -29,6 +29,11 @@ def nbytes(tensors) -> int:
     return sum(local(t).numel() * local(t).element_size() for t in tensors)
 
 
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes of the optimizer's state this rank holds (AdamW: two moments per parameter it updates)."""
+    return nbytes(t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor))
+
+
 class SavedActivations:
     """Bytes of the tensors autograd keeps for backward (parameters excluded, views of one storage
     once): a CPU has no allocator statistics; on a GPU, torch.cuda.max_memory_allocated has it all."""
