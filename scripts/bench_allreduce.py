@@ -14,10 +14,10 @@ rank's (gathered from all ranks); the median over iterations is reported.
 
 busbw is the rate at which each rank sends (and receives) in a ring all-reduce: compare it
 with the hardware's bandwidth per direction, whatever N is. The alpha-beta model
-t(S) = alpha + (2(N-1)/N) * S / beta is fitted by least squares on relative error (the same fit
-as the course's parallel_course.bandwidth.fit_alpha_beta, copied so that this script needs only
-dist_setup.py beside it): alpha is the fixed cost of one all-reduce at this world size, beta the
-bus bandwidth it tends to for large messages.
+t(S) = alpha + (2(N-1)/N) * S / beta is fitted by least squares on relative error (the course's
+parallel_course.bandwidth.fit_alpha_beta, where the definitions above are written too): alpha is
+the fixed cost of one all-reduce at this world size, beta the bus bandwidth it tends to for large
+messages.
 
 --impl ring times the course's own ring all-reduce (chapter 03) instead of dist.all_reduce; --impl
 both times the two, alternating them size by size so that both see the same machine load.
@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from dist_setup import setup, teardown
+from parallel_course.bandwidth import algbw, busbw, fit_alpha_beta
 
 UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
 
@@ -153,45 +154,14 @@ def measure(fn, nbytes, device, warmup, iters):
 
 
 def bandwidths(nbytes, seconds, world_size):
-    """One row of the table: nccl-tests' algbw and busbw."""
-    algbw = nbytes / seconds
-    bus_factor = 2 * (world_size - 1) / world_size
+    """One row of the table: nccl-tests' algbw and busbw (parallel_course.bandwidth)."""
     return {
         "bytes": nbytes,
         "count": nbytes // 4,
         "time_s": seconds,
-        "algbw_bytes_per_s": algbw,
-        "busbw_bytes_per_s": algbw * bus_factor,
+        "algbw_bytes_per_s": algbw(nbytes, seconds),
+        "busbw_bytes_per_s": busbw(nbytes, seconds, world_size),
     }
-
-
-def fit_alpha_beta(sizes, times, world_size):
-    """Least squares of t = alpha + (2(N-1)/N) * S / beta, on relative error (weights 1/t).
-
-    Returns {"alpha_s": ..., "beta_bytes_per_s": ...}; raises ValueError when there is nothing to
-    fit (as parallel_course.bandwidth.fit_alpha_beta does, with the same messages).
-    """
-    if len(sizes) != len(times) or len(sizes) < 2:
-        raise ValueError("need at least two (size, time) points, as many sizes as times")
-    if world_size < 2:
-        raise ValueError("one rank exchanges nothing: fit the model to 2 or more ranks")
-    if min(times) <= 0:
-        raise ValueError("times must be positive")
-    if len(set(sizes)) < 2:
-        raise ValueError("need at least two different sizes")
-    k = 2 * (world_size - 1) / world_size
-    # minimise sum(((a + b*S - t) / t)^2): linear least squares in (a, b) with rows scaled by 1/t
-    s11 = sum(1 / t**2 for t in times)
-    s12 = sum(s / t**2 for s, t in zip(sizes, times))
-    s22 = sum(s * s / t**2 for s, t in zip(sizes, times))
-    r1 = sum(1 / t for t in times)
-    r2 = sum(s / t for s, t in zip(sizes, times))
-    det = s11 * s22 - s12 * s12
-    a = (r1 * s22 - r2 * s12) / det
-    b = (s11 * r2 - s12 * r1) / det
-    if not b > 0:
-        raise ValueError("the time does not grow with the size: no bandwidth to fit")
-    return {"alpha_s": a, "beta_bytes_per_s": k / b}
 
 
 def run_all(impls, sizes, device, args):
@@ -249,7 +219,8 @@ def report_and_table(results, ok, device, args):
     for impl, rows in results.items():
         fit, why = None, None
         try:
-            fit = fit_alpha_beta([r["bytes"] for r in rows], [r["time_s"] for r in rows], world_size)
+            line = fit_alpha_beta([r["bytes"] for r in rows], [r["time_s"] for r in rows], world_size)
+            fit = {"alpha_s": line.alpha_s, "beta_bytes_per_s": line.beta_bytes_per_s}
         except ValueError as error:
             why = str(error)
         report["impls"][impl] = {"sizes": rows, "fit": fit, "no_fit": why}

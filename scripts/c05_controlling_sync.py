@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 # The helpers of part 1, in the file beside this one.
 from c05_ddp_internals import gathered, print0
 from dist_setup import setup, teardown
-from parallel_course.torch_features import ddp_buffer_sync
+from parallel_course.compat import ddp_buffer_sync
 
 
 def small_model(device):

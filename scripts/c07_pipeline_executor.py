@@ -5,9 +5,11 @@
 
 Each process holds one stage (a slice of the same 8-layer MLP) and follows its list of
 operations, ("F", i) = forward of micro-batch i, ("B", i) = its backward, in order. It runs
-naive model parallelism (the whole batch as one micro-batch), GPipe and 1F1B (or the orders in
-a JSON file: {"orders": [[["F", 0], ...], ...]}, one list per stage), checks the gradients
-against the unsplit model, and writes each stage's busy intervals to DIR/c07_pipeline_executor.json.
+naive model parallelism (the whole batch as one micro-batch), GPipe and 1F1B, whose orders come
+from the course's package (parallel_course.model_parallel, where chapter 07a builds them), or the
+orders in a JSON file: {"orders": [[["F", 0], ...], ...]}, one list per stage. It checks the
+gradients against the unsplit model, and writes each stage's busy intervals to
+DIR/c07_pipeline_executor.json.
 """
 
 import argparse
@@ -24,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dist_setup import setup, teardown
+from parallel_course.model_parallel import gpipe_orders, one_f_one_b_orders
 
 # Big enough that computing, not messaging, fills a stage's time.
 WIDTH, LAYERS, BATCH = 1024, 8, 256
@@ -51,27 +54,6 @@ def my_stage(model, stage, n_stages):
     """This process's slice of the model: consecutive Linear+ReLU pairs, as evenly split as they go."""
     start, stop = (k * LAYERS // n_stages for k in (stage, stage + 1))
     return model[2 * start : 2 * stop]
-
-
-def gpipe(n_stages, m):
-    """Every stage: all forwards, then all backwards."""
-    return [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(n_stages)]
-
-
-def one_f_one_b(n_stages, m):
-    """Stage s runs a forward while it holds fewer than n_stages - s micro-batches, else a backward."""
-    orders = []
-    for stage in range(n_stages):
-        order, forwards, backwards = [], 0, 0
-        while backwards < m:
-            if forwards < m and forwards - backwards < n_stages - stage:
-                order.append(("F", forwards))
-                forwards += 1
-            else:
-                order.append(("B", backwards))
-                backwards += 1
-        orders.append(order)
-    return orders
 
 
 def run_step(stage_model, order, x, y, m, device, groups):
@@ -169,16 +151,17 @@ def parse_args():
 
 
 def schedules_to_run(args, world_size):
-    """{name: (micro-batches, orders)}: naive, GPipe and 1F1B, or the orders given in a file."""
+    """{name: (micro-batches, orders)}: naive, GPipe and 1F1B (the orders parallel_course.model_parallel
+    makes from each schedule's rule, chapter 07a's), or the orders given in a file."""
     if args.orders_given:
         orders = args.orders_given
         n = sum(1 for kind, _ in orders[0] if kind == "F")
         return {"given": (n, [[(str(k), int(i)) for k, i in order] for order in orders])}
     m = args.microbatches
     return {
-        "naive": (1, gpipe(world_size, 1)),
-        "gpipe": (m, gpipe(world_size, m)),
-        "1f1b": (m, one_f_one_b(world_size, m)),
+        "naive": (1, gpipe_orders(world_size, 1)),
+        "gpipe": (m, gpipe_orders(world_size, m)),
+        "1f1b": (m, one_f_one_b_orders(world_size, m)),
     }
 
 

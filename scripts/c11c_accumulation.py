@@ -5,8 +5,9 @@
 Trains with train_gpt.py's own functions (beside this file, with dist_setup.py) each layout asked
 for (ddp, fsdp, tp, 2d) on 4 processes with 1, 2 and 4 micro-batches per step, on problems of
 mixed lengths; then fsdp with 4 micro-batches reducing after every one. One process group serves
-every run: one launch, not one per run. Rank 0 writes each run's losses, the gradient bytes a rank
-held between micro-batches and the reduce-scatters FSDP sent per step, as JSON.
+every run: one launch, not one per run; the runs of one shape share its device mesh. Rank 0 writes
+each run's losses, the gradient bytes a rank held between micro-batches and the reduce-scatters
+FSDP sent per step (counted by parallel_course.communication.CollectiveCounter), as JSON.
 """
 
 import argparse
@@ -18,58 +19,32 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 import train_gpt
 from dist_setup import setup, teardown
-from parallel_course.torch_features import reduce_scatter_name
+from parallel_course.communication import CollectiveCounter
 
 LAYOUTS = ("ddp", "fsdp", "tp", "2d")
 MICRO_BATCHES = (1, 2, 4)
 
 
-class CountReduceScatters:
-    """Counts the reduce-scatters FSDP2 sends (it calls dist.reduce_scatter_single for each
-    unit's gradients; dist.reduce_scatter_tensor before torch 2.13), by wrapping that function
-    while the context is open."""
-
-    def __init__(self):
-        self.calls = 0
-        self.name = reduce_scatter_name()
-
-    def __enter__(self):
-        self.original = getattr(dist, self.name)
-
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return self.original(*args, **kwargs)
-
-        setattr(dist, self.name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(dist, self.name, self.original)
-
-
 def run(layout: str, options: list[str], device) -> dict:
     """One training of train_gpt.py, in this process group: its losses and what it held and sent."""
     args = train_gpt.parse_args(["--parallel", layout, *options, "--out", "unused"])
-    dp, pp, tp = train_gpt.mesh_shape(layout, dist.get_world_size())
-    mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-    model = train_gpt.build_model(args, mesh, device)
-    wrapper = train_gpt.apply_ddp(model, mesh["dp"], device) if layout == "ddp" else model
+    meshes, model, wrapper = train_gpt.prepare(args, device)
     # train() logs every step; the runs' logs would drown the table the notebook prints.
-    with CountReduceScatters() as sent, contextlib.redirect_stdout(io.StringIO()):
-        losses, memory, *_ = train_gpt.train(args, model, wrapper, mesh, device)
+    with CollectiveCounter() as sent, contextlib.redirect_stdout(io.StringIO()):
+        trained = train_gpt.train(args, model, wrapper, meshes, device)
+    memory = trained["memory"]
     return {
         "layout": layout,
         "micro_batches": args.grad_accum,
         "sync_every_micro_batch": args.sync_every_micro_batch,
-        "losses": losses,
+        "losses": trained["losses"],
         "parameter_bytes": memory["parameter_bytes"],
         "gradient_bytes": memory["gradient_bytes"],
         "gradient_bytes_between_micro_batches": memory["gradient_bytes_between_micro_batches"],
-        "reduce_scatters_per_step": sent.calls // args.steps,
+        "reduce_scatters_per_step": sum(c.op == "reduce_scatter_single" for c in sent.calls) // args.steps,
     }
 
 

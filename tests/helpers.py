@@ -149,6 +149,7 @@ _UNTIL_JOINED = r"""
 import contextlib, io, json, os, runpy, sys
 import torch
 import torch.distributed as dist
+import torch.multiprocessing
 
 
 class Joined(Exception):
@@ -175,6 +176,14 @@ if fake_gpus:
     torch.cuda.set_device = recording_set_device
 dist.init_process_group = recording_init
 dist.TCPStore = lambda *args, **kwargs: dist.HashStore()  # torchrun's agent store, here in memory
+
+
+def in_process_spawn(fn, args=(), nprocs=1, **kwargs):
+    # mp.spawn's worker of index 1 (or 0), run here: the join it makes is the one recorded.
+    fn(min(1, nprocs - 1), *args)
+
+
+torch.multiprocessing.spawn = in_process_spawn
 found = []
 for run in runs:
     for key in launcher_variables:
@@ -211,8 +220,9 @@ def run_until_joined(runs: list[dict], cwd: Path, fake_gpus: int = 0) -> list[di
     A run is ``{"argv": [script, *args], "environment": {...}}``, optionally with ``"call"`` (a function
     of the script to call with ``"args"`` instead of running it as __main__). All in one subprocess,
     which imports torch once; with ``fake_gpus``, torch.cuda reports that many GPUs and records
-    ``set_device``. ``stopped`` is "joined a group", "exit N" (a refusal: ``errors`` holds its
-    "<script>: error: ..." lines), "finished without joining a group" or the exception raised.
+    ``set_device``. A script that starts its workers with mp.spawn runs its worker of index 1 here.
+    ``stopped`` is "joined a group", "exit N" (a refusal: ``errors`` holds its "<script>: error: ..."
+    lines), "finished without joining a group" or the exception raised.
     """
     result = subprocess.run(
         [sys.executable, "-c", _UNTIL_JOINED, *map(json.dumps, (fake_gpus, runs, LAUNCHER_VARIABLES))],

@@ -20,6 +20,7 @@ from slide_blocks import Slide, plain, prose
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
+PACKAGE = ROOT / "src" / "parallel_course"
 MIN_SLIDES = 6
 WORDS_PER_SLIDE = 300  # the budget is about 150: a deck with half as many slides is too thin
 MAX_POINTS, MAX_POINTS_WITH_CODE, MAX_POINTS_WITH_FIGURE = 6, 3, 2
@@ -86,13 +87,14 @@ def normalised(line: str) -> str:
 
 def lecture_code(nb) -> set[str]:
     """Every line of the lecture's own code, normalised: its code cells (the %%writefile scripts
-    among them) and the files of scripts/ its code cells name (scripts it shows or copies); each
-    line also without its trailing comment."""
+    among them), the files of scripts/ its code cells name (scripts it shows or copies) and the
+    modules of the course's package they name by file (modules it shows); each line also without
+    its trailing comment."""
     sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
     code = "\n".join(sources)
     sources += [
         path.read_text(encoding="utf-8")
-        for path in sorted(SCRIPTS.rglob("*"))
+        for path in [*sorted(SCRIPTS.rglob("*")), *sorted(PACKAGE.rglob("*.py"))]
         if path.is_file() and re.search(rf"\b{re.escape(path.name)}\b", code)
     ]
     lines = set()

@@ -16,9 +16,14 @@ Small modules, each doing what its name says:
 - ``model_parallel`` pipeline schedules as data (GPipe, 1F1B, interleaved 1F1B, ZB-H1), bubble, stage splitting (07a)
 - ``schedule_checks`` a pipeline schedule's properties checked, each slip named (lab 07a)
 - ``memory``         bytes per parameter; ZeRO-1/2/3 memory per rank (08)
-- ``gpt``            a small GPT and an addition task made by the course (11, 12)
+- ``gpt``            a small GPT and an addition task made by the course, its mixture of experts (11, 12, 13b)
+- ``training``       the capstone trainer's parallel code (scripts/train_gpt.py imports it; see its
+                     ``__init__``): the table of layouts, one function per parallelism, expert
+                     parallelism, checkpoints, step metrics (11, 11c, 13a, 13b)
 - ``input_pipeline`` data sets and timers for feeding a training step (11b)
 - ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
+- ``context_parallel`` a sequence split over ranks: block attention merged by log-sum-exp, ring and
+                     Ulysses attention, zig-zag positions, the all-to-all (13a, 13b)
 - ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it
 - ``planner``        memory, step time, tokens/s and MFU of a layout; feasible layouts ranked (14a)
 - ``published_runs`` trainings that ran (BLOOM, MT-NLG, Llama 3) with their sources, to test the planner (14a)
@@ -26,12 +31,14 @@ Small modules, each doing what its name says:
 - ``fake_cluster``   a GPT of a real size sharded over a fake (dp, tp) mesh of hundreds of ranks in one process (14a)
 - ``debugging``      flight records read (who is behind, the first mismatch), every rank's stack, stragglers (14b)
 - ``communication``  bytes of DDP's hooks, HSDP and local SGD, counted; bytes across nodes; DiLoCo (14c)
-- ``compat``         what differs between torch 2.11-2.13: the single-tensor collectives' names, a group's timeout
+- ``compat``         what differs between torch 2.11-2.13, one helper per fact: versions and one-line
+                     notes or refusals, DDP's buffer-sync keyword, the single-tensor collectives' names,
+                     a group's timeout
 - ``visible_gpus``   GPUs of their own for emulated nodes, from the list this process inherited (04, 10)
-- ``torch_features`` which torch this is and what it has: a note, or a one-line refusal, on an older one
 - ``checks``         clear verdicts for lab check cells
+- ``slips``          each lab's likely slips recognised in a result, for the checks' verdicts (one module per lab task)
 - ``scriptdiff``     what a notebook's %%writefile cells write; a step's change as a diff (04, 09)
-- ``excerpts``       the functions of a long script that a lecture shows; scripts copied to work/
+- ``excerpts``       the functions of a long script that a lecture shows, found by name; scripts copied to work/
 - ``explorers``      ipywidgets explorers over the functions above, one pattern (``explorers.base``),
                      one module each: placement (00), cost_model (01), ring (03), pipeline (07a),
                      zero (08), layout_memory (11), planner (14a)

@@ -1,8 +1,7 @@
 """An all-reduce's bandwidths and its α–β fit (chapter 06a).
 
-Plain functions on the numbers ``scripts/bench_allreduce.py`` measures. The script never imports
-this module (it needs only ``dist_setup.py`` beside it): it carries its own copy of
-``fit_alpha_beta``, and a test keeps the two equal.
+Plain functions on the numbers ``scripts/bench_allreduce.py`` measures; the script imports them
+(its table's algbw and busbw, its fit).
 
 Definitions (those of nccl-tests, ``doc/PERFORMANCE.md`` in NVIDIA/nccl-tests):
 
@@ -58,8 +57,7 @@ def fit_alpha_beta(sizes: list[float], times: list[float], world_size: int) -> A
     """Least-squares fit of the α–β model on *relative* error (each point weighs 1/t).
 
     Timings span several decades (microseconds to tenths of a second); an unweighted fit would
-    let the largest message decide everything and leave α meaningless. ``bench_allreduce.py``
-    has the same fit (same checks, same messages), returning a dict.
+    let the largest message decide everything and leave α meaningless.
     """
     if len(sizes) != len(times) or len(sizes) < 2:
         raise ValueError("need at least two (size, time) points, as many sizes as times")

@@ -7,6 +7,11 @@ script copied into ``work/`` to run.
 A script has one source: a notebook's ``%%writefile`` cell or, for the tool-sized ones (the
 benchmarks, the reference trainers once built), its file in ``scripts/``. Showing a piece of the
 file never makes a second copy of it.
+
+A piece is found by its name and printed under the file it comes from, without a line number: what
+a notebook stores is then the same as long as the piece itself is, whatever changes elsewhere in
+the file (a number would be out of date in the stored output, or make every lecture that shows the
+file re-store its outputs after any edit). The reader finds it by the name on its first line.
 """
 
 import ast
@@ -15,7 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+PACKAGE = Path(__file__).resolve().parent
+SCRIPTS = PACKAGE.parents[1] / "scripts"
 
 
 def excerpt(path: str | Path, name: str) -> tuple[int, str]:
@@ -40,13 +46,19 @@ def excerpt(path: str | Path, name: str) -> tuple[int, str]:
     raise ValueError(f"{Path(path).name} defines no top-level {name}")
 
 
+def source_name(path: str | Path) -> str:
+    """How a shown piece's file is named above it: a module of the course's package by its path in
+    the package (parallel_course/training/layouts.py), any other file by its name (train_gpt.py)."""
+    path = Path(path).resolve()
+    if path.is_relative_to(PACKAGE):
+        return str(path.relative_to(PACKAGE.parent))
+    return path.name
+
+
 def show(path: str | Path, *names: str) -> None:
-    """Print the named functions (classes, constants) of a script, each under the line it starts
-    at, in the order asked. Returns nothing, so that a cell shows only what it prints."""
-    parts = []
-    for name in names:
-        first, source = excerpt(path, name)
-        parts.append(f"# {Path(path).name}, line {first}\n{source}")
+    """Print the named functions (classes, constants) of a script or module, each under the name of
+    its file, in the order asked. Returns nothing, so that a cell shows only what it prints."""
+    parts = [f"# {source_name(path)}\n{excerpt(path, name)[1]}" for name in names]
     print("\n\n".join(parts))
 
 

@@ -1,7 +1,9 @@
 """A large cluster in one process (chapter 14a): torch's ``fake`` process group, a (dp, tp) device
 mesh of hundreds of ranks, and a GPT of a real size on the meta device (shapes, no storage),
-sharded as ``train_gpt.py --parallel 2d`` shards the course's small one: tensor parallelism with
-``parallelize_module`` inside each tp group, then ``fully_shard`` (FSDP2, ZeRO-3) over dp.
+sharded as ``train_gpt.py --parallel 2d`` shards the course's small one, by the very functions it
+applies (``parallel_course.training.parallelize``): ``apply_tp``, tensor parallelism with
+``parallelize_module`` inside each tp group, then ``apply_fsdp``, ``fully_shard`` (FSDP2, ZeRO-3)
+over dp.
 
 The fake group answers every collective at once without moving data, so nothing is trained; what
 it shows is what each rank would store: local shapes, placements and bytes of every parameter.
@@ -16,37 +18,17 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from .gpt import GPT, GPTConfig
+from .training.parallelize import apply_fsdp, apply_tp
 
 # A 7-billion-parameter-class configuration of the course's GPT: LLaMA 2 7B's depth, width, heads,
 # vocabulary and context (Touvron et al. 2023, "Llama 2", Table 1 and section 2.2: 32 layers, 4096
 # wide, 32 heads, 32,000 tokens, 4,096 positions), with the course's 4h GELU MLP, biases and
 # learned positions: 6.72 billion parameters.
 SEVEN_B = GPTConfig(vocab_size=32000, block_size=4096, d_model=4096, n_layers=32, n_heads=32)
-
-# train_gpt.py's tensor-parallel plan (apply_tp and apply_sp): q, k, v and the MLP's fc split by
-# output features, the projections after them by input features; the head by vocabulary, its
-# logits gathered; with sequence parallelism the embeddings too, by rows (tokens, positions), and
-# the norms work on each rank's positions. tests/unit/test_fake_cluster.py checks that they agree.
-BLOCK_PLAN = {
-    "attn.q": ColwiseParallel,
-    "attn.k": ColwiseParallel,
-    "attn.v": ColwiseParallel,
-    "attn.proj": RowwiseParallel,
-    "mlp.fc": ColwiseParallel,
-    "mlp.proj": RowwiseParallel,
-}
 
 
 @contextlib.contextmanager
@@ -65,37 +47,6 @@ def fake_world(world_size: int, rank: int = 0):
         yield
     finally:
         dist.destroy_process_group()
-
-
-def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
-    """Tensor parallelism over tp_mesh with BLOCK_PLAN in every block, the head split by vocabulary;
-    with sequence_parallel, what flows between the split layers is split by position."""
-    between = Shard(1) if sequence_parallel else Replicate()
-    parallelize_module(model, tp_mesh, {"head": ColwiseParallel(input_layouts=between, output_layouts=Replicate())})
-    for block in model.blocks:
-        plan = {name: style() for name, style in BLOCK_PLAN.items()}
-        plan["attn.proj"] = plan["mlp.proj"] = RowwiseParallel(output_layouts=between)
-        parallelize_module(block, tp_mesh, plan)
-    if not sequence_parallel:
-        return
-    embeddings = {
-        "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        # pos_emb's output is (T, d): its positions are dim 0.
-        "pos_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0)),
-        "ln_f": SequenceParallel(),
-    }
-    parallelize_module(model, tp_mesh, embeddings)
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    for block in model.blocks:
-        plan = {"ln1": SequenceParallel(), "attn": gather, "ln2": SequenceParallel(), "mlp": gather}
-        parallelize_module(block, tp_mesh, plan)
-
-
-def apply_fsdp(model: GPT, dp_mesh: DeviceMesh) -> None:
-    """ZeRO-3 over dp: each block a unit of its own, the embeddings, final norm and head in the root's."""
-    for block in model.blocks:
-        fully_shard(block, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,17 @@ def test_every_script_is_described_in_the_folder_readme():
         assert f"`{path.name}`" in readme, f"scripts/README.md does not describe {path.name}"
 
 
+def test_the_package_index_names_every_module_and_subpackage():
+    """The package's docstring (its __init__.py) is its README: one line of purpose per module and
+    subpackage (explorers, slips, training)."""
+    package = ROOT / "src" / "parallel_course"
+    index = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    names = [p.stem for p in package.glob("*.py") if p.stem != "__init__"]
+    names += [p.name for p in package.iterdir() if (p / "__init__.py").exists()]
+    missing = [name for name in names if f"``{name}``" not in index]
+    assert not missing, f"src/parallel_course/__init__.py does not describe {missing}"
+
+
 def test_every_tool_is_described_in_its_readme_and_none_is_left_in_scripts():
     readme = (ROOT / "tools" / "README.md").read_text()
     for path in sorted((ROOT / "tools").glob("*.py")):

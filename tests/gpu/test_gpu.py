@@ -49,6 +49,7 @@ from helpers import TORCHRUN, job_command, launch, load_script, report_differenc
 from parallel_course import data_parallel as dp
 from parallel_course import machine
 from parallel_course.input_pipeline import host_to_device_seconds
+from parallel_course.training.layouts import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
@@ -590,50 +591,85 @@ def test_context_parallel_on_nccl_equals_whole_sequence_attention(tmp_path):
 
 # --------------------------------------------------------------------------- 7. every script at N = every GPU
 
-# What a user runs with `torchrun --nproc_per_node=<GPUs>` (the README's promise), with the arguments
-# that keep it short. Each must end without a failed check, or refuse the count in one line.
-SCRIPTS_AT_EVERY_GPU = [
-    ("hello_allreduce.py",),
-    ("c03_torchrun_environment.py",),
-    ("c03_send_recv.py",),
-    ("c03_collectives.py", "--out", "."),
-    ("c03_ring_allreduce.py", "--repeats", "1"),
-    ("c04_train_ddp.py", "--epochs", "2", "--out", "out"),
-    ("c05_ddp_internals.py",),
-    ("c05_controlling_sync.py",),
-    ("c05_uneven_inputs.py",),
-    ("c06_amp_and_profiler.py", "--out", ".", "--steps", "4"),
-    ("c07_pipeline_executor.py", "--repeats", "1", "--out", "."),
-    ("c07_torch_pipelining.py",),
-    ("c07_tensor_parallel.py",),
-    ("c08_zero1_optimizer.py", "--steps", "3"),
-    ("c08_fsdp.py", "--steps", "3"),
-    ("c08_fsdp_options.py", "--out", "."),
-    ("c11_compile_ddp.py",),
-    ("bench_allreduce.py", "--max-bytes", "16M", "--impl", "both"),
-    ("bench_scaling.py", "--model", "small", "--steps", "5"),
-    ("train_ddp.py", "--epochs", "2", "--out", "out"),
-    ("c11c_accumulation.py", "--layouts", "ddp", "fsdp", "--out", "accumulation.json"),
-    # Refused in one line on other than 4 GPUs.
-    ("c13a_context_parallel.py", "--out", "cp.json"),
-    # Refused in one line on other than 2 GPUs.
-    ("train_gpt.py", "--parallel", "cp", "--steps", "4", "--out", "cp"),
-    *[
-        ("train_gpt.py", "--parallel", layout, "--steps", "4", "--out", layout)
-        for layout in ("ddp", "fsdp", "tp", "2d", "pp", "dp_pp")
-    ],
-    # Refused in one line on 1 GPU (ep needs 2) and where 8 experts do not divide over the GPUs.
-    ("train_gpt.py", "--parallel", "ep", "--moe-experts", "8", "--steps", "4", "--out", "ep"),
-    # The matmul peak measured on each GPU, the throughput line from rank 0.
-    ("train_gpt.py", "--parallel", "ddp", "--steps", "4", "--mfu", "--out", "mfu"),
-    ("c14b_debugging.py", "straggler", "--out", "."),
-    # Refused in one line where GPUs are visible (the lecture shows gloo's flight record).
-    ("c14b_debugging.py", "stuck", "--out", "."),
-    # On nccl the bf16 hook registers and trains instead of refusing.
-    ("c14c_talking_less.py", "--mode", "hooks", "local-sgd", "--out", "."),
-    # Refused in one line on other than 4 GPUs (a 2 x 2 mesh).
-    ("c14c_talking_less.py", "--mode", "hsdp", "--out", "."),
-]
+# What a user runs with `torchrun --nproc_per_node=<GPUs>` (the README's promise), read from the files
+# (lane_scripts below): every script of scripts/ that joins a group on one node, with each command
+# line its docstring gives (tests/script_usage.py), and
+# train_gpt.py in every layout of its table. Each must end without a failed check, or refuse the
+# count in one line. SHORTER gives some scripts arguments that keep them short here (a script
+# without an entry runs its docstring's command lines); OWN_LANE names the scripts this lane leaves
+# to tests of their own, and why.
+SHORTER = {
+    "c03_collectives.py": [("--out", ".")],
+    "c03_ring_allreduce.py": [("--repeats", "1")],
+    "c04_train_ddp.py": [("--epochs", "2", "--out", "out")],
+    "c06_amp_and_profiler.py": [("--out", ".", "--steps", "4")],
+    "c07_pipeline_executor.py": [("--repeats", "1", "--out", ".")],
+    "c08_zero1_optimizer.py": [("--steps", "3")],
+    "c08_fsdp.py": [("--steps", "3")],
+    "c08_fsdp_options.py": [("--out", ".")],
+    "bench_allreduce.py": [("--max-bytes", "16M", "--impl", "both")],
+    "bench_scaling.py": [("--model", "small", "--steps", "5")],
+    "train_ddp.py": [("--epochs", "2", "--out", "out")],
+    "c11c_accumulation.py": [("--layouts", "ddp", "fsdp", "--out", "accumulation.json")],
+    "c13a_context_parallel.py": [("--out", "cp.json")],
+    # stuck and mismatch are refused in one line where GPUs are visible (the lecture reads gloo's record).
+    "c14b_debugging.py": [("straggler", "--out", "."), ("stuck", "--out", ".")],
+    # On nccl the bf16 hook registers and trains instead of refusing; hsdp is refused other than on 4.
+    "c14c_talking_less.py": [("--mode", "hooks", "local-sgd", "--out", "."), ("--mode", "hsdp", "--out", ".")],
+}
+OWN_LANE = {"c09_failures.py": "its demos hang or break a job on purpose: test_c09_* run each on nccl as it must be"}
+
+
+def shell_command(source: str) -> str:
+    """The shell command a cell's first line starts (``!``), with its backslash-continued lines."""
+    lines = source.splitlines()
+    command, k = lines[0][1:].rstrip(), 1
+    while command.endswith("\\") and k < len(lines):
+        command, k = command[:-1].rstrip() + " " + lines[k].strip(), k + 1
+    return command
+
+
+def launched_script(source: str, notebook_code: str) -> str | None:
+    """The script a `!torchrun`/`!python` cell launches: named in its command, or through a variable
+    the notebook sets (``SCRIPT = "work/c14c_talking_less.py"``, then ``!torchrun ... {SCRIPT}``)."""
+    command = shell_command(source)
+    if named := re.search(r"(\w+\.py)\b", command):
+        return named.group(1)
+    for variable in re.findall(r"\{(\w+)\}", command):
+        if found := re.search(rf"^{variable} = [^\n]*?(\w+\.py)\b", notebook_code, re.MULTILINE):
+            return found.group(1)
+    return None
+
+
+def across_nodes(text: str) -> bool:
+    """Whether a script is about several nodes (it reads the node's rank): the lectures launch it on
+    emulated nodes, each a torchrun of its own, and so do its tests (tests/launches/test_cluster.py)."""
+    return bool(re.search(r"GROUP_RANK|node_rank|nnodes", text))
+
+
+def lane_scripts() -> list[tuple[str, ...]]:
+    """(script, *arguments) for each run of the lane (see above)."""
+    from parallel_course.training.layouts import LAYOUTS
+    from script_usage import commands, course_scripts, joins_a_group, spawns
+
+    lane = []
+    for name, path in course_scripts().items():
+        text = path.read_text()
+        if not joins_a_group(text) or spawns(text) or name in OWN_LANE or across_nodes(text):
+            continue
+        if name == "train_gpt.py":
+            for layout in LAYOUTS.values():
+                experts = ("--moe-experts", "8") if layout.experts else ()
+                lane.append((name, "--parallel", layout.name, *experts, "--steps", "4", "--out", layout.name))
+            # The matmul peak measured on each GPU, the throughput line from rank 0.
+            lane.append((name, "--parallel", "ddp", "--steps", "4", "--mfu", "--out", "mfu"))
+            continue
+        runs = SHORTER.get(name) or [u.argv for u in commands(name, text) if u.launcher == "torchrun"]
+        lane += [(name, *argv) for argv in runs if not any("--max-restarts" in a for a in argv)]
+    return lane
+
+
+SCRIPTS_AT_EVERY_GPU = lane_scripts()
 # Lines that say False or FAIL on purpose: negative controls and demonstrations of a mistake.
 EXPECTED_FALSE = {
     "c05_ddp_internals.py": ("before DDP(...): parameters equal", "without DDP, local gradients equal"),
@@ -677,15 +713,6 @@ def test_every_script_at_every_gpu_works_or_refuses_in_one_line(tmp_path, script
     assert "backend=gloo" not in stdout, f"{script[0]} fell back to gloo with a GPU per process:\n{stdout}"
     failed = failed_checks(stdout, EXPECTED_FALSE.get(script[0], ()))
     assert not failed, f"{script[0]} on {GPUS} GPU(s) reported failed checks:\n" + "\n".join(failed)
-
-
-def shell_command(source: str) -> str:
-    """The shell command a cell's first line starts (``!``), with its backslash-continued lines."""
-    lines = source.splitlines()
-    command, k = lines[0][1:].rstrip(), 1
-    while command.endswith("\\") and k < len(lines):
-        command, k = command[:-1].rstrip() + " " + lines[k].strip(), k + 1
-    return command
 
 
 def notebook_launch_command(notebook: str, script: str) -> list[str]:
@@ -798,18 +825,6 @@ SAME_ON_EVERY_DEVICE = {
         r"^PASS the MLP communicates once each way": "counts of collectives, as above",
     },
 }
-
-
-def launched_script(source: str, notebook_code: str) -> str | None:
-    """The script a `!torchrun`/`!python` cell launches: named in its command, or through a variable
-    the notebook sets (``SCRIPT = "work/c14c_talking_less.py"``, then ``!torchrun ... {SCRIPT}``)."""
-    command = shell_command(source)
-    if named := re.search(r"(\w+\.py)\b", command):
-        return named.group(1)
-    for variable in re.findall(r"\{(\w+)\}", command):
-        if found := re.search(rf"^{variable} = [^\n]*?(\w+\.py)\b", notebook_code, re.MULTILINE):
-            return found.group(1)
-    return None
 
 
 def allowed_patterns(script: str | None) -> list[str]:
@@ -1227,21 +1242,33 @@ def test_make_test_runs_the_cpu_suite_and_leaves_the_lane_to_make_test_gpu():
 
 def test_the_lane_covers_every_notebook_and_script():
     """Every lecture and solution notebook runs on the GPUs, and every script a user runs with torchrun
-    at any count runs at every GPU: all of scripts/ but a busy loop, one-process training, the
-    mp.spawn launchers, and the node and failure demos, which their own tests launch as they must be
-    (and the setup module, which every script imports and none runs)."""
-    launched_by_hand = {
-        "dist_setup.py",
-        "c03_gil_busy_loop.py",
-        "c03_spawn_worker.py",
-        "c04_mp_spawn.py",
+    at any count runs at every GPU: each file of scripts/ is in the lane, or left out for a reason
+    read from the files (it joins no group, it starts its own workers with mp.spawn, it is about
+    several nodes) or given in OWN_LANE."""
+    from script_usage import course_scripts, joins_a_group, spawns
+
+    lane = {s[0] for s in SCRIPTS_AT_EVERY_GPU}
+    reasons = {}
+    for name, path in course_scripts().items():
+        text = path.read_text()
+        if not joins_a_group(text):
+            reasons[name] = "joins no group"
+        elif spawns(text):
+            reasons[name] = "mp.spawn"
+        elif name in OWN_LANE:
+            reasons[name] = "own lane"
+        elif across_nodes(text):
+            reasons[name] = "emulated nodes"
+    assert set(course_scripts()) == lane | set(reasons), set(course_scripts()) - lane - set(reasons)
+    assert not lane & set(reasons) and len(lane) >= 25, lane
+    assert {n for n, why in reasons.items() if why == "emulated nodes"} == {
         "c04_each_rank_holds.py",
-        "c09_failures.py",
         "c10_multi_node_ranks.py",
-        "train_single.py",
     }
-    scripts = {p.name for p in SCRIPTS.glob("*.py")} - launched_by_hand
-    assert scripts == {s[0] for s in SCRIPTS_AT_EVERY_GPU}, scripts ^ {s[0] for s in SCRIPTS_AT_EVERY_GPU}
+    assert {"dist_setup.py", "train_single.py", "c03_gil_busy_loop.py"} <= {
+        n for n, w in reasons.items() if w == "joins no group"
+    }
+    assert {s[2] for s in SCRIPTS_AT_EVERY_GPU if s[0] == "train_gpt.py" and "--mfu" not in s} == set(LAYOUTS)
     lectures, solutions = (
         list((ROOT / folder).glob(pattern))
         for folder, pattern in (("notebooks", "[0-9]*.ipynb"), ("solutions", "*.ipynb"))

@@ -2,9 +2,9 @@
 
 They are benchmarks: here we only check that they run (plain python and torchrun), that their
 JSON is well-formed and consistent, and that they follow the reference-script contract
-(--help, one-line errors). No timing is asserted. Two pieces of logic are checked exactly:
-bench_allreduce.py's alpha-beta fit against parallel_course.bandwidth's (the script carries its own
-copy), and bench_scaling.py's model of DDP's buckets against DDP's reducer.
+(--help, one-line errors). No timing is asserted. One piece of logic is checked exactly:
+bench_scaling.py's model of DDP's buckets against DDP's reducer. (bench_allreduce.py's bandwidths
+and alpha-beta fit are parallel_course.bandwidth's, tested in tests/unit/test_perf.py.)
 """
 
 import itertools
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from helpers import job_command, launch, load_script
-from parallel_course import bandwidth
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLREDUCE = ROOT / "scripts" / "bench_allreduce.py"
@@ -127,40 +126,6 @@ def test_allreduce_bad_arguments(args, message, capsys):
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and message in errors[0]
-
-
-def alpha_beta_cases():
-    """(sizes, times, world size): a noisy α–β curve, an exact one, a latency-only one, bad input."""
-    import random
-
-    rng = random.Random(0)
-    sizes = [2**k for k in range(10, 25, 2)]
-    noisy = [(100e-6 + 1.5 * s / 1e9) * rng.uniform(0.7, 1.4) for s in sizes]
-    return [
-        (sizes, noisy, 2),
-        (sizes, [50e-6 + 0.75 * s / 2e9 for s in sizes], 4),
-        ([1024, 4096, 16384], [3e-4, 2e-4, 2.5e-4], 2),  # does not grow with the size
-        ([1024, 4096], [1e-4, 2e-4], 1),  # one rank
-        ([1024, 1024], [1e-4, 2e-4], 2),  # one size
-        ([1024], [1e-4], 2),
-        ([1024, 4096], [1e-4, 0.0], 2),
-    ]
-
-
-@pytest.mark.parametrize("sizes, times, world_size", alpha_beta_cases())
-def test_allreduce_fit_is_the_course_fit(sizes, times, world_size):
-    """bench_allreduce.py stays self-contained (its own fit_alpha_beta) and agrees with bandwidth.fit_alpha_beta."""
-    script = load_script(ALLREDUCE)
-    try:
-        expected = bandwidth.fit_alpha_beta(sizes, times, world_size)
-    except ValueError as error:
-        with pytest.raises(ValueError) as raised:
-            script.fit_alpha_beta(sizes, times, world_size)
-        assert str(raised.value) == str(error)
-        return
-    fit = script.fit_alpha_beta(sizes, times, world_size)
-    assert fit["alpha_s"] == pytest.approx(expected.alpha_s, rel=1e-12)
-    assert fit["beta_bytes_per_s"] == pytest.approx(expected.beta_bytes_per_s, rel=1e-12)
 
 
 @pytest.fixture

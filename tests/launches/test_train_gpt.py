@@ -3,9 +3,12 @@
 The layouts themselves (the same losses as one process in ddp, fsdp, tp and 2d with sequence
 parallelism, each rank storing its share) are launched and asserted by notebook 11 under strict
 nbval; accumulation, the pipeline layouts and checkpoints that change layout by notebook 11c; on
-nccl by tests/gpu/test_gpu.py; preemption by tests/launches/test_preemption.py. Here the argument
-checks run in this process, and one bad command line as a process: one error line, exit code 2,
-nothing written; and one short run with --mfu, for the throughput figures in metrics.json.
+nccl by tests/gpu/test_gpu.py; preemption by tests/launches/test_preemption.py. The process counts
+each layout runs on are its row of the table (parallel_course.training.layouts), checked in
+tests/unit/test_training.py, and refused before the join, as a process, in test_world_sizes.py.
+Here the other argument checks run in this process, and one bad command line as a process: one
+error line, exit code 2, nothing written; --help lists the table; and one short run with --mfu, for
+the throughput figures in metrics.json.
 """
 
 import json
@@ -16,6 +19,7 @@ import pytest
 
 from helpers import job_environment, load_script
 from parallel_course.launch import run_bounded
+from parallel_course.training.layouts import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_gpt.py"
@@ -45,19 +49,15 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
         (["--lr", "nan"], 1, "--lr must be positive"),
         (["--digits", "5"], 1, "--digits must be 1 to 4"),
         (["--parallel", "pipeline"], 1, "invalid choice"),
-        (["--parallel", "single"], 2, "--parallel single is one process, but the world size is 2"),
-        (["--parallel", "2d"], 2, "--parallel 2d needs an even world size of at least 4, got 2"),
         (["--parallel", "2d", "--global-batch-size", "12"], 6, None),  # 3 x 2: fine
         (["--parallel", "2d", "--global-batch-size", "8"], 6, "not divisible by the 3 data-parallel ranks"),
         (["--parallel", "ddp", "--global-batch-size", "6"], 4, "not divisible by the 4 data-parallel ranks"),
         (["--parallel", "tp", "--global-batch-size", "7"], 4, None),  # tp: one data-parallel rank
+        (["--parallel", "tp"], 3, "splits the 4 attention heads over 3 ranks: use a world size that divides 4"),
         (["--parallel", "tp", "--sequence-parallel"], 2, None),
         (["--parallel", "fsdp", "--sequence-parallel"], 2, "--sequence-parallel needs --parallel tp or 2d, got fsdp"),
-        (["--parallel", "pp"], 1, "--parallel pp runs 2 pipeline stages, one per process, but the world size is 1"),
-        (["--parallel", "pp"], 4, "but the world size is 4"),
         (["--parallel", "pp", "--grad-accum", "1"], 2, "the pipeline's 2 stages need --grad-accum 2 or more"),
         (["--parallel", "pp", "--global-batch-size", "8"], 2, None),  # 4 micro-batches by default
-        (["--parallel", "dp_pp"], 2, "--parallel dp_pp needs a multiple of 2 processes, at least 4, got 2"),
         (["--parallel", "dp_pp", "--global-batch-size", "12"], 4, "not divisible by the 2 data-parallel ranks x 4"),
         (["--parallel", "dp_pp", "--grad-accum", "2", "--global-batch-size", "12"], 4, None),
         (["--grad-accum", "0"], 1, "--grad-accum must be at least 1, got 0"),
@@ -65,8 +65,6 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
         (["--parallel", "ddp", "--grad-accum", "4", "--global-batch-size", "20"], 2, "x 4 micro-batches"),
         (["--sync-every-micro-batch"], 1, "--sync-every-micro-batch needs --parallel ddp, fsdp or 2d, got single"),
         (["--parallel", "fsdp", "--sync-every-micro-batch", "--grad-accum", "2"], 2, None),
-        (["--parallel", "cp"], 1, "--parallel cp splits each sequence over 2 processes, but the world size is 1"),
-        (["--parallel", "cp"], 4, "but the world size is 4"),
         (["--parallel", "cp", "--digits", "3"], 2, "4 equal zig-zag chunks: --digits 3 gives 11 tokens"),
         (["--parallel", "cp", "--variable-length", "--grad-accum", "2"], 2, None),
         (["--moe-experts", "4", "--capacity-factor", "0.5", "--top-k", "1"], 1, None),
@@ -75,10 +73,8 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
         (["--moe-experts", "2", "--top-k", "3"], 1, "--top-k must be 1 to the 2 experts, got 3"),
         (["--moe-experts", "4", "--capacity-factor", "0"], 1, "--capacity-factor must be above 0"),
         (["--parallel", "ep"], 2, "--parallel ep spreads experts over the ranks: add --moe-experts E"),
-        (["--parallel", "ep", "--moe-experts", "4"], 1, "it needs at least 2, got 1"),
         (["--parallel", "ep", "--moe-experts", "6"], 4, "--parallel ep: the 6 experts do not divide over 4 ranks"),
         (["--parallel", "ep", "--moe-experts", "4", "--global-batch-size", "8"], 4, None),
-        (["--parallel", "dp_ep", "--moe-experts", "4"], 2, "dp_ep needs a multiple of 2 processes, at least 4"),
         (["--parallel", "dp_ep", "--moe-experts", "3"], 4, "the 3 experts do not divide over 2 ranks"),
         (["--parallel", "dp_ep", "--moe-experts", "2", "--grad-accum", "2"], 6, "by the 6 data-parallel ranks x 2"),
         (["--parallel", "ep", "--moe-experts", "2", "--checkpoint-dir", "CKPT"], 2, "saves no checkpoints yet"),
@@ -126,25 +122,19 @@ def test_arguments(train_gpt, tmp_path, monkeypatch, capsys, args, world_size, m
     assert message in err[-1] and sum("error" in line for line in err) == 1, err
 
 
-def test_mesh_shapes(train_gpt):
-    shapes = [train_gpt.mesh_shape(layout, 4) for layout in train_gpt.LAYOUTS if layout != "cp"]
-    assert shapes == [(4, 1, 1), (4, 1, 1), (4, 1, 1), (1, 1, 4), (2, 1, 2), (1, 4, 1), (2, 2, 1), (4, 1, 1), (4, 1, 1)]
-    # The mesh main() builds: the old layouts' three dimensions, and cp's own only where it splits.
-    assert train_gpt.mesh_dims("2d", 4) == {"dp": 2, "pp": 1, "tp": 2}
-    assert train_gpt.mesh_dims("cp", 2) == {"dp": 1, "pp": 1, "cp": 2, "tp": 1}
-    # ep and dp_ep: every rank data-parallel for the dense weights; the experts' own (expert dp, ep) mesh.
-    assert train_gpt.mesh_dims("dp_ep", 4) == {"dp": 4, "pp": 1, "tp": 1}
-    assert [train_gpt.expert_mesh_shape(layout, 4) for layout in ("ep", "dp_ep")] == [(1, 4), (2, 2)]
-
-
 def test_help_names_the_contract(train_gpt, capsys):
     with pytest.raises(SystemExit):
         train_gpt.parse_args(["--help"])
     text = capsys.readouterr().out
-    flags = ["--variable-length", "--grad-accum", "--checkpoint-dir", "--checkpoint-every", "--resume", "dp_pp", ",cp"]
-    flags += ["--moe-experts", "--top-k", "--capacity-factor", "--aux-loss-weight", ",ep,", "dp_ep", "--mfu"]
+    flags = ["--variable-length", "--grad-accum", "--checkpoint-dir", "--checkpoint-every", "--resume", "--mfu"]
+    flags += ["--moe-experts", "--top-k", "--capacity-factor", "--aux-loss-weight", "--sequence-parallel"]
     for flag in flags:
         assert flag in text, flag
+    # The layouts from the table: the choices, and a line each with the processes it runs on.
+    assert "--parallel {" + ",".join(LAYOUTS) + "}" in text
+    for name, layout in LAYOUTS.items():
+        (line,) = [line for line in text.splitlines() if line.startswith(f"  {name} ")]
+        assert layout.summary in line and str(layout.processes) in line, line
 
 
 def test_throughput_and_mfu(tmp_path):

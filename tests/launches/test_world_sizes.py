@@ -1,12 +1,17 @@
-"""Every script the README sends to `torchrun --nproc_per_node=<GPUs>` works at 1 to 8 processes, or
+"""Every script a user runs with `torchrun --nproc_per_node=<GPUs>` works at 1 to 8 processes, or
 refuses the count in one line before it starts anything.
 
-A CPU machine cannot launch 8 processes of every script within the suite's time, so:
-- the refusals are checked without launching: each script runs as rank 0 of a world of N (the
-  environment torchrun would give it) and must stop with one line, before it joins a group;
-- the counts where a script's own arithmetic changes are launched for real: one process (as
-  plain `python`: a pipeline of one stage, tensor parallelism on one rank) and three (8 layers
-  over 3 stages).
+Nothing here lists scripts or counts; both are read from the files:
+- the scripts: every script of scripts/ that joins a process group, with the arguments of the first
+  command line its docstring gives (script_usage.py), each run as rank 0 of a world of N (the
+  environment torchrun would give it), N = 1 to 8, until it joins a group or refuses;
+- train_gpt.py: every layout of its table (parallel_course.training.layouts) at every N, refused
+  in its row's own words wherever the row does not list N, and elsewhere joining, or refusing in
+  one line for the model's sake (whole heads per tensor-parallel rank, the batch over the
+  data-parallel ranks).
+A CPU machine cannot launch 8 processes of every script within the suite's time, so the counts
+where a script's own arithmetic changes are launched for real: one process (as plain `python`: a
+pipeline of one stage, tensor parallelism on one rank) and three (8 layers over 3 stages).
 The notebooks launch the same scripts at 2 and 4, and `make test-gpu` at every GPU (tests/gpu/test_gpu.py).
 """
 
@@ -15,86 +20,79 @@ from pathlib import Path
 import pytest
 
 from helpers import job_command, launch, run_until_joined
+from parallel_course.training.layouts import LAYOUTS
+from script_usage import course_scripts, first_torchrun, joins_a_group
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
+COUNTS = range(1, 9)
 
-# (script, world size, arguments): counts each script cannot run, and must refuse.
-REFUSED = [
-    ("c03_send_recv.py", 1, []),  # a send needs a receiver
-    ("c07_torch_pipelining.py", 9, []),  # 8 layers, at most 8 stages
-    ("c07_torch_pipelining.py", 5, ["--microbatches", "4"]),  # Schedule1F1B: micro-batches >= stages
-    ("c07_pipeline_executor.py", 9, []),
-    ("c07_tensor_parallel.py", 3, []),  # 16 and 32 features split evenly
-    ("train_gpt.py", 3, ["--parallel", "tp", "--out", "o"]),  # 4 heads
-    ("train_gpt.py", 8, ["--parallel", "tp", "--out", "o"]),
-    ("train_gpt.py", 6, ["--parallel", "2d", "--out", "o"]),  # 64 problems over 3 dp groups
-    ("train_gpt.py", 3, ["--parallel", "pp", "--out", "o"]),  # 2 pipeline stages, one per process
-    ("train_gpt.py", 6, ["--parallel", "dp_pp", "--out", "o"]),  # 64 problems over 3 dp groups x 4 micro-batches
-    ("train_gpt.py", 3, ["--parallel", "cp", "--out", "o"]),  # the sequence over 2 ranks
-    ("train_gpt.py", 3, ["--parallel", "ep", "--moe-experts", "4", "--out", "o"]),  # 4 experts over 3 ranks
-    ("train_gpt.py", 6, ["--parallel", "dp_ep", "--moe-experts", "4", "--out", "o"]),  # 64 problems over 6 ranks
-    ("train_ddp.py", 3, ["--out", "o"]),  # 64 problems over 3 ranks
-    ("c11c_accumulation.py", 3, ["--out", "o"]),  # 2d is 2 x 2
-    ("c13a_context_parallel.py", 3, ["--out", "o"]),  # its sequence and heads cut for 4
-    ("c14b_debugging.py", 1, ["stuck", "--out", "o"]),  # a rank to wait for another
-    ("c14b_debugging.py", 1, ["mismatch", "--out", "o"]),
-    ("c14c_talking_less.py", 3, ["--mode", "hsdp", "--out", "o"]),  # a 2 x 2 mesh
-]
-# ... and counts where the script's own arithmetic changes, which it must accept.
-ACCEPTED = [
-    ("c07_torch_pipelining.py", 5, []),  # 8 micro-batches by default from 5 stages on
-    ("c07_torch_pipelining.py", 8, []),
-    ("c07_pipeline_executor.py", 7, []),
-    ("c03_ring_allreduce.py", 7, []),  # 2**18 made a multiple of 7
-    ("c07_tensor_parallel.py", 8, []),
-    ("train_gpt.py", 4, ["--parallel", "tp", "--out", "o"]),
-    ("train_gpt.py", 8, ["--parallel", "2d", "--out", "o"]),
-    ("train_gpt.py", 8, ["--parallel", "dp_pp", "--out", "o"]),  # 4 dp groups x 4 micro-batches
-]
+
+def rank0_of(n: int) -> dict:
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(n),
+        "LOCAL_WORLD_SIZE": str(n),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29400",
+    }
+
+
+def layout_arguments(name: str) -> tuple[str, ...]:
+    """train_gpt.py in one layout: the experts it spreads, where it spreads experts."""
+    return ("--parallel", name, *(("--moe-experts", "8") if LAYOUTS[name].experts else ()), "--out", "o")
+
+
+def cases() -> list[tuple[str, int, tuple[str, ...]]]:
+    """(script, world size, arguments): every joining script at every count, train_gpt.py in every layout."""
+    found = []
+    for name, path in course_scripts().items():
+        text = path.read_text()
+        if joins_a_group(text):
+            found += [(name, n, first_torchrun(name, text)) for n in COUNTS]
+    found += [("train_gpt.py", n, layout_arguments(layout)) for layout in LAYOUTS for n in COUNTS]
+    return found
 
 
 @pytest.fixture(scope="module")
 def stops(tmp_path_factory):
-    """How each case of REFUSED and ACCEPTED stopped, run as rank 0 of its world (one subprocess)."""
-    cases = REFUSED + ACCEPTED
-    runs = [
-        {
-            "argv": [str(SCRIPTS / script), *args],
-            "environment": {
-                "RANK": "0",
-                "LOCAL_RANK": "0",
-                "WORLD_SIZE": str(n),
-                "LOCAL_WORLD_SIZE": str(n),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": "29400",
-            },
-        }
-        for script, n, args in cases
-    ]
-    return dict(zip(map(repr, cases), run_until_joined(runs, tmp_path_factory.mktemp("rank0"))))
+    """How each case stopped, run as rank 0 of its world (all in one subprocess)."""
+    found = cases()
+    runs = [{"argv": [str(SCRIPTS / script), *args], "environment": rank0_of(n)} for script, n, args in found]
+    return dict(zip(found, run_until_joined(runs, tmp_path_factory.mktemp("rank0"))))
 
 
-def test_counts_a_script_cannot_run_are_refused_in_one_line_before_it_starts(stops):
-    wrong = []
-    for script, n, args in REFUSED:
-        found = stops[repr((script, n, args))]
-        if (
-            found["stopped"] == "joined a group"
-            or len(found["errors"]) != 1
-            or not found["errors"][0].startswith(script)
-        ):
-            wrong.append(f"{script} at {n} processes {args}: {found}")
-    assert not wrong, "\n".join(wrong)
+def refused_in_one_line(stop: dict, script: str) -> bool:
+    return stop["stopped"].startswith("exit") and len(stop["errors"]) == 1 and stop["errors"][0].startswith(script)
 
 
-def test_counts_where_the_arithmetic_changes_are_accepted(stops):
+def test_every_script_runs_at_every_count_or_refuses_it_in_one_line_before_it_starts(stops):
     wrong = [
-        f"{script} at {n} processes {args}: {stops[repr((script, n, args))]}"
-        for script, n, args in ACCEPTED
-        if stops[repr((script, n, args))]["stopped"] != "joined a group"
+        f"{script} at {n} processes {list(args)}: {stop}"
+        for (script, n, args), stop in stops.items()
+        if stop["stopped"] != "joined a group" and not refused_in_one_line(stop, script)
     ]
     assert not wrong, "\n".join(wrong)
+    # The rule covers the course's scripts, not a handful, and not only refusals.
+    assert len({script for script, _, _ in stops}) >= 30
+    assert sum(stop["stopped"] == "joined a group" for stop in stops.values()) >= len(stops) // 2
+
+
+def test_train_gpt_runs_each_layout_on_the_counts_its_row_of_the_table_lists(stops):
+    wrong = []
+    for layout in LAYOUTS.values():
+        for n in COUNTS:
+            stop = stops[("train_gpt.py", n, layout_arguments(layout.name))]
+            if not layout.processes.allows(n):
+                if not (refused_in_one_line(stop, "train_gpt.py") and stop["errors"][0].endswith(layout.refusal(n))):
+                    wrong.append(f"{layout.name} at {n}: expected the table's refusal, got {stop}")
+            elif stop["stopped"] != "joined a group" and str(layout.processes) in " ".join(stop["errors"]):
+                wrong.append(f"{layout.name} at {n}: the table lists {n}, but {stop['errors']}")
+    assert not wrong, "\n".join(wrong)
+    # What the model adds to the table: whole heads (4) per tensor-parallel rank, so tp on 3 is refused.
+    assert "4 attention heads over 3 ranks" in stops[("train_gpt.py", 3, layout_arguments("tp"))]["errors"][0]
+    assert stops[("train_gpt.py", 4, layout_arguments("tp"))]["stopped"] == "joined a group"
 
 
 def launch_ok(tmp_path, nproc, script, *args):

@@ -33,13 +33,30 @@ def test_an_excerpt_is_one_definition_with_its_decorators_and_the_comment_above(
         excerpt(path, "g")
 
 
-def test_show_prints_each_definition_under_its_line_number(tmp_path, capsys):
+def test_show_prints_each_definition_under_its_file_and_nothing_else_changes_it(tmp_path, capsys):
     path = tmp_path / "s.py"
     path.write_text(SCRIPT)
     assert show(path, "LIMIT", "f") is None
-    assert capsys.readouterr().out == (
-        "# s.py, line 5\nLIMIT = 3\n\n# s.py, line 8\n# why f exists\n@staticmethod\ndef f(x):\n    return x + 1\n"
-    )
+    shown = capsys.readouterr().out
+    assert shown == "# s.py\nLIMIT = 3\n\n# s.py\n# why f exists\n@staticmethod\ndef f(x):\n    return x + 1\n"
+    # An edit elsewhere in the file (lines added above, another function changed) leaves what a
+    # notebook stored of f as it was; an edit of f itself shows.
+    path.write_text(SCRIPT.replace('"""A script."""', '"""A script,\nnow longer."""\n\nimport sys\n'))
+    path.write_text(path.read_text().replace("os.getpid()", "os.getppid()"))
+    show(path, "LIMIT", "f")
+    assert capsys.readouterr().out == shown
+    path.write_text(path.read_text().replace("x + 1", "x + 2"))
+    show(path, "f")
+    assert capsys.readouterr().out.endswith("return x + 2\n")
+
+
+def test_a_module_of_the_package_is_named_by_its_path_in_the_package(capsys):
+    import parallel_course.training.layouts as layouts
+
+    show(layouts.__file__, "REST")
+    assert capsys.readouterr().out.splitlines()[0] == "# parallel_course/training/layouts.py"
+    show(SCRIPTS / "train_gpt.py", "main")
+    assert capsys.readouterr().out.splitlines()[0] == "# train_gpt.py"
 
 
 def test_copied_scripts_equal_their_source_and_leave_no_temporary_file(tmp_path):

