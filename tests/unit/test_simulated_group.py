@@ -101,7 +101,7 @@ def test_all_reduce_sums_over_each_subgroup_and_the_group_answers_for_it():
     assert dist.all_reduce.__module__.startswith("torch")
 
 
-def test_the_other_collectives_and_a_group_of_one_on_the_calling_thread():
+def test_the_other_collectives():
     def gather(t):
         parts = [torch.empty_like(t) for _ in range(4)]
         dist.all_gather(parts, t)
@@ -117,16 +117,6 @@ def test_the_other_collectives_and_a_group_of_one_on_the_calling_thread():
         gather, values(4), collectives=("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "barrier")
     )
     assert outcome.results == [([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0], 4.0)] * 4
-    import threading
-
-    ran_on = []
-    one = simulate(
-        lambda t: ran_on.append(threading.current_thread()) or dist.all_reduce(t),
-        values(1),
-        collectives=("all_reduce",),
-        calling_thread=True,
-    )
-    assert one.returned == [True] and ran_on == [threading.current_thread()]
 
 
 def test_a_rank_that_skips_a_collective_leaves_its_group_waiting():

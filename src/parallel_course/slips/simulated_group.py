@@ -447,19 +447,14 @@ def simulate(
     forbidden: Sequence[str] = COLLECTIVES,
     bound_s: float = 60,
     collectives: Sequence[str] = (),
-    calling_thread: bool = False,
 ) -> Outcome:
     """``function(*inputs[r])`` on one thread per rank r of a group of ``len(inputs)``: what they did.
     ``allowed``: the point-to-point calls it may make (the others of POINT_TO_POINT count as forbidden,
     as do ``forbidden``'s). ``collectives``: those of SIMULATED that are simulated, not forbidden.
-    ``bound_s`` bounds only code that waits outside the group (a real collective the list misses).
-    ``calling_thread``: a group of one runs on the calling thread, not a thread of its own (a caller
-    that must see the call happen there)."""
+    ``bound_s`` bounds only code that waits outside the group (a real collective the list misses)."""
     unknown = set(collectives) - set(SIMULATED)
     if unknown:
         raise ValueError(f"the simulated group cannot run {sorted(unknown)}; it simulates {list(SIMULATED)}")
-    if calling_thread and len(inputs) != 1:
-        raise ValueError(f"only a group of one runs on the calling thread, not {len(inputs)} ranks")
     group = _Group(len(inputs))
     group.collective_names = tuple(collectives)
     own = {
@@ -500,13 +495,10 @@ def simulate(
     for name, value in names.items():
         setattr(dist, name, value)
     try:
-        if calling_thread:
-            run(0)
-        else:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(bound_s)
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(bound_s)
     finally:
         for name, value in saved.items():
             setattr(dist, name, value)
