@@ -152,9 +152,10 @@ class _Request:
 class _CollectiveCall:
     """One member's call of a simulated collective: done when every member of its group has called it."""
 
-    def __init__(self, kind: str, rank: int, ranks: tuple[int, ...], index: int, tensors: dict, detail: tuple):
+    def __init__(self, kind, rank: int, ranks: tuple[int, ...], index: int, tensors: dict, detail: tuple, objects):
         self.kind, self.rank, self.ranks, self.index = kind, rank, ranks, index
-        self.tensors, self.detail = tensors, detail
+        # The tensors by their role ("tensor", "list", "input", "output"); all_gather_object's (list, obj).
+        self.tensors, self.detail, self.objects = tensors, detail, objects
         self.done = False
 
     def signature(self) -> tuple:
@@ -297,8 +298,7 @@ class _Group:
             key = (ranks, rank)
             self.counts[key] = index = self.counts.get(key, 0) + 1
             self.outcome.called[rank] += 1
-            call = _CollectiveCall(kind, rank, ranks, index, tensors, detail)
-            call.objects = objects
+            call = _CollectiveCall(kind, rank, ranks, index, tensors, detail, objects)
             calls = self.rounds.setdefault(ranks, {}).setdefault(index, {})
             calls[rank] = call
             if len(calls) == len(ranks):
