@@ -100,12 +100,16 @@ def required_positional(node: ast.AST) -> int:
 
 
 def answers(cells: list[str]) -> list[dict]:
-    """Every top-level function or class that holds (part of) a solution region, cell by cell."""
-    found = []
+    """Every top-level function or class that holds (part of) a solution region, cell by cell. An answer
+    in a file is defined with the file as its cell leaves it (``%%writefile -a``: the parts before too)."""
+    found, files = [], {}
     for index, source in enumerate(cells):
+        magic, code = split_magic(source)
+        if magic:
+            path, append = magic
+            files[path] = (files.get(path, "") if append else "") + code
         if "### BEGIN SOLUTION" not in source:
             continue
-        _, code = split_magic(source)
         inside = region_lines(code)
         for node in ast.parse(code).body:
             if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -118,8 +122,8 @@ def answers(cells: list[str]) -> list[dict]:
                         "name": node.name,
                         "lines": (first, node.end_lineno),
                         "positional": required_positional(node),
-                        "in_file": source.startswith("%%writefile"),
-                        "code": code,
+                        "in_file": magic is not None,
+                        "code": files[magic[0]] if magic else code,
                         "definition": "\n".join(code.split("\n")[first - 1 : node.end_lineno]),
                     }
                 )

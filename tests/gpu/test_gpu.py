@@ -747,6 +747,7 @@ LAB_CHECKS = [
     ("lab08_check.py",),
     ("lab11_check.py",),
     ("lab13_check.py",),
+    ("lab15_check.py",),
 ]
 
 
