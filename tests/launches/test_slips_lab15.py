@@ -3,7 +3,7 @@ groups: every variant checked by the checker's own main() in one torchrun of 4 r
 tests/slip_driver.py), the world size the lab launches. Its run on threads comes first and names a rank
 that leaves the others waiting at once; the other slips reach the real groups (gloo here, nccl on GPUs),
 where the collectives are torch's and their elements are counted by wrapping them. Every slip in the
-kernel, with the 12-rank layout: tests/course/test_slips_lab15.py."""
+kernel, with the 12-rank layout: tests/course/test_slips_lab15_checks.py."""
 
 import json
 

@@ -2,7 +2,7 @@
 who holds what, the gradients the checks hand out, each slip read from results made by hand (per-rank
 norms, per-piece factors, which ranks stepped), silence on right ones, and the two ways the student's code
 is run (a group of one that keeps nothing from call to call; elements counted on real collectives). The
-check cells with slips injected: tests/course/test_slips_lab15.py."""
+check cells with slips injected: tests/course/test_slips_lab15_checks.py."""
 
 import math
 
