@@ -58,6 +58,8 @@ ARGS = {
     # Its hung and mismatched jobs refuse where GPUs are visible; the straggler runs on nccl.
     "c14b_debugging.py": ["straggler", "--out", "OUT"],
     "c14c_talking_less.py": ["--mode", "hooks", "--out", "OUT"],
+    "c17a_float8_fsdp.py": ["--out", "OUT"],
+    "c17b_compile_sharded.py": ["--part", "layouts", "--out", "OUT"],
     "lab04_buggy.py": ["--out", "OUT"],
     "lab04_fixed.py": ["--out", "OUT"],
     "lab05_check.py": ["--only", "DDP"],

@@ -40,6 +40,9 @@ REFUSED = [
     ("c14b_debugging.py", 1, ["stuck", "--out", "o"]),  # a rank to wait for another
     ("c14b_debugging.py", 1, ["mismatch", "--out", "o"]),
     ("c14c_talking_less.py", 3, ["--mode", "hsdp", "--out", "o"]),  # a 2 x 2 mesh
+    ("c17a_float8_fsdp.py", 3, ["--out", "o"]),  # 64 problems over 3 ranks
+    ("c17b_compile_sharded.py", 8, ["--part", "layouts", "--out", "o"]),  # tp: 4 heads over 8 ranks
+    ("c17b_compile_sharded.py", 6, ["--part", "compiler", "--out", "o"]),  # 64 problems over 6 ranks
 ]
 # ... and counts where the script's own arithmetic changes, which it must accept.
 ACCEPTED = [
@@ -51,6 +54,8 @@ ACCEPTED = [
     ("train_gpt.py", 4, ["--parallel", "tp", "--out", "o"]),
     ("train_gpt.py", 8, ["--parallel", "2d", "--out", "o"]),
     ("train_gpt.py", 8, ["--parallel", "dp_pp", "--out", "o"]),  # 4 dp groups x 4 micro-batches
+    ("c17a_float8_fsdp.py", 8, ["--out", "o"]),
+    ("c17b_compile_sharded.py", 8, ["--part", "layouts", "--layouts", "fsdp", "--out", "o"]),
 ]
 
 
