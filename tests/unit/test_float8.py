@@ -144,9 +144,9 @@ def test_plain_storage_unwraps_what_wraps_a_parameter():
 
 
 def test_the_chapters_training_is_the_same_every_time_and_blind_to_the_loss_scale():
-    first = float8.train(float8.capstone(), 3)
-    assert float8.train(float8.capstone(), 3) == first
-    scaled = float8.train(float8.capstone(), 3, loss_scale=2.0**-20)
+    first = float8.train(float8.capstone(), 2)
+    assert float8.train(float8.capstone(), 2) == first
+    scaled = float8.train(float8.capstone(), 2, loss_scale=2.0**-20)
     assert scaled == pytest.approx(first, rel=1e-5)
     assert float8.emulate_here(torch.device("cpu"))
 
