@@ -3,15 +3,16 @@
     torchrun --standalone --nproc_per_node=2 c17a_float8_fsdp.py --out work/fp8
 
 Chapter 11's GPT under FSDP2 (each block a unit of its own, the rest in the root's), trained for
---steps steps from the same weights on the same batches as one process (parallel_course.float8.
-train), five ways: float32 parameters; bfloat16 all-gathers (MixedPrecisionPolicy); FP8 linears
-(torchao's Float8Linear) gathered in float32; gathered in FP8 (enable_fsdp_float8_all_gather),
-each weight's amax all-reduced as it is cast; and the same with the amaxes of every weight
-precomputed after the optimizer step, in one all-reduce. Every collective is counted: the
-all-gathers with their bytes and dtypes (parallel_course.communication.CollectiveCounter), all of
-them by name (parallel_course.compiled.Collectives, which sees torchao's functional all-reduces).
-Then a unit whose weights are all FP8 is gathered once. Rank 0 prints a table and writes the
-losses and counts to OUT/fsdp.json. The process group comes from dist_setup.py, beside this file.
+--steps steps (2 for the run that only counts) from the same weights on the same batches as one
+process (parallel_course.float8.train), five ways: float32 parameters; bfloat16 all-gathers
+(MixedPrecisionPolicy); FP8 linears (torchao's Float8Linear) gathered in float32; gathered in FP8
+(enable_fsdp_float8_all_gather), each weight's amax all-reduced as it is cast; and the same with
+the amaxes of every weight precomputed after the optimizer step, in one all-reduce. Every
+collective is counted: the all-gathers with their bytes and dtypes (parallel_course.communication.
+CollectiveCounter), all of them by name (parallel_course.compiled.Collectives, which sees torchao's
+functional all-reduces). Then a unit whose weights are all FP8 is gathered once. Rank 0 prints a
+table and writes the losses and counts to OUT/fsdp.json. The process group comes from
+dist_setup.py, beside this file.
 """
 
 import argparse
@@ -36,7 +37,8 @@ RUNS = {
     "float32": {"param_dtype": None, "float8": False, "fp8_gather": False, "precompute": False},
     "bfloat16 gathers": {"param_dtype": torch.bfloat16, "float8": False, "fp8_gather": False, "precompute": False},
     "float8, float32 gathers": {"param_dtype": None, "float8": True, "fp8_gather": False, "precompute": False},
-    "float8 gathers": {"param_dtype": None, "float8": True, "fp8_gather": True, "precompute": False},
+    # Two steps: enough to count its all-reduces once the other run's are precomputed.
+    "float8 gathers": {"param_dtype": None, "float8": True, "fp8_gather": True, "precompute": False, "steps": 2},
     "float8 gathers, precomputed": {"param_dtype": None, "float8": True, "fp8_gather": True, "precompute": True},
 }
 
@@ -77,7 +79,7 @@ def run(name: str, args, device, mesh) -> dict:
     with CollectiveCounter() as counter, Collectives() as seen:
         losses = float8.train(
             model,
-            args.steps,
+            min(args.steps, options.get("steps", args.steps)),
             batch=GLOBAL_BATCH,
             rank=dist.get_rank(),
             world_size=dist.get_world_size(),
@@ -112,7 +114,7 @@ def float8_alone(device, mesh) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps of each run (default 8)")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps of each run (default 6)")
     parser.add_argument("--out", type=Path, required=True, help="folder for fsdp.json")
     args = parser.parse_args()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node=2 c17b_compile_sharded.py --part layouts --out work/compile
     torchrun --standalone --nproc_per_node=2 c17b_compile_sharded.py --part compiler --out work/compile
+    torchrun --standalone --nproc_per_node=2 c17b_compile_sharded.py --part autograd --out work/compile
 
 --part layouts: for each layout (--layouts: fsdp, FSDP2 over every rank, each block a unit; tp,
 every block's linears split over every rank with parallelize_module), chapter 11's GPT trains
@@ -10,8 +11,9 @@ compiled.compile_blocks, --backend aot_eager by default): the graphs, recompiles
 each step's collectives by name (parallel_course.compiled.Collectives, which sees what compiled
 code runs), each step's time and the losses. --part compiler, under FSDP2: the eager run again,
 blocks with a finiteness check in their forward (a graph break), batches whose length changes (a
-recompile), a compiled step under CommDebugMode (which makes torch.compile stand aside), and
-compiled autograd on a small model, alone and under FSDP2. Rank 0 prints what it counted and
+recompile), and a compiled step under CommDebugMode (which makes torch.compile stand aside).
+--part autograd: compiled autograd on a small model, alone and under FSDP2. Rank 0 prints what it
+counted and
 writes it to OUT/PART.json. The process group comes from dist_setup.py, beside this file.
 """
 
@@ -173,40 +175,42 @@ def layouts(args, mesh, device) -> dict:
 
 
 def compiler(args, mesh, device) -> dict:
-    """What makes the compiler work, under FSDP2: a graph break, a recompile, CommDebugMode, and
-    compiled autograd."""
+    """What makes the compiler work, under FSDP2: a graph break, a recompile, and CommDebugMode."""
     runs = {
         "fsdp, eager": train("fsdp", mesh, device, args.steps),
         "fsdp, checked blocks": train("fsdp", mesh, device, args.steps, args.backend, checked=True),
         "fsdp, 2-4 digits": train("fsdp", mesh, device, 4, args.backend, digits=(2, 3, 4, 4)),
     }
+    return {"runs": runs, "comm_debug_mode": under_comm_debug_mode(mesh, device, args.backend)}
+
+
+def autograd(args, mesh, device) -> dict:
+    """Compiled autograd on a small model, alone and under FSDP2."""
     return {
-        "runs": runs,
-        "comm_debug_mode": under_comm_debug_mode(mesh, device, args.backend),
         "compiled_autograd": {
             "one process": compiled_autograd(mesh, device, args.backend, sharded=False),
             "fsdp": compiled_autograd(mesh, device, args.backend, sharded=True),
-        },
+        }
     }
 
 
 def print_report(report: dict) -> None:
-    print0(f"{report['world_size']} ranks, every block compiled with {report['backend']}")
-    print0(f"{'run':22} {'graphs':>6} {'breaks':>6} {'recompiles':>10}  collectives in the last step")
-    for name, r in report["runs"].items():
+    print0(f"{report['world_size']} ranks, compiled with {report['backend']}")
+    if "runs" in report:
+        print0(f"{'run':22} {'graphs':>6} {'breaks':>6} {'recompiles':>10}  collectives in the last step")
+    for name, r in report.get("runs", {}).items():
         counts = ", ".join(f"{n} {op}" for op, n in sorted(r["collectives"][-1].items())) or "none"
         if "graphs" in r:
             breaks = sum(r["graph_breaks"].values())
             print0(f"{name:22} {r['graphs']:>6} {breaks:>6} {r['recompiles']:>10}  {counts}")
         else:
             print0(f"{name:22} {'-':>6} {'-':>6} {'-':>10}  {counts}")
-    if "comm_debug_mode" not in report:
-        return
-    for reason in report["runs"]["fsdp, checked blocks"]["graph_breaks"]:
-        print0(f"checked blocks, the graph break: {reason}")
-    debug = report["comm_debug_mode"]
-    print0(f"a compiled step under CommDebugMode: {debug['graphs']} graphs compiled; it counted {debug['counts']}")
-    for where, r in report["compiled_autograd"].items():
+    if "comm_debug_mode" in report:
+        for reason in report["runs"]["fsdp, checked blocks"]["graph_breaks"]:
+            print0(f"checked blocks, the graph break: {reason}")
+        debug = report["comm_debug_mode"]
+        print0(f"a compiled step under CommDebugMode: {debug['graphs']} graphs compiled; it counted {debug['counts']}")
+    for where, r in report.get("compiled_autograd", {}).items():
         eager, traced = r["eager"], r["compiled autograd"]
         print0(
             f"compiled autograd, {where}: {traced['backward_graphs']} backward graphs; collectives "
@@ -216,12 +220,14 @@ def print_report(report: dict) -> None:
         )
 
 
-PARTS = {"layouts": layouts, "compiler": compiler}
+PARTS = {"layouts": layouts, "compiler": compiler, "autograd": autograd}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=PARTS, required=True, help="layouts, or what makes the compiler work")
+    parser.add_argument(
+        "--part", choices=PARTS, required=True, help="layouts; compiler (what makes it work); autograd (compiled)"
+    )
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS), help="default: fsdp tp")
     parser.add_argument("--backend", default="aot_eager", choices=["aot_eager", "inductor"], help="default aot_eager")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps of each run (default 4)")

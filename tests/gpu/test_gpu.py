@@ -639,6 +639,7 @@ SCRIPTS_AT_EVERY_GPU = [
     ("c17b_compile_sharded.py", "--part", "layouts", "--out", "."),
     ("c17b_compile_sharded.py", "--part", "layouts", "--layouts", "fsdp", "--out", "."),
     ("c17b_compile_sharded.py", "--part", "compiler", "--out", "."),
+    ("c17b_compile_sharded.py", "--part", "autograd", "--out", "."),
 ]
 # Lines that say False or FAIL on purpose: negative controls and demonstrations of a mistake.
 EXPECTED_FALSE = {
