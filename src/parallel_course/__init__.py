@@ -31,6 +31,10 @@ Small modules, each doing what its name says:
 - ``fake_cluster``   a GPT of a real size sharded over a fake (dp, tp) mesh of hundreds of ranks in one process (14a)
 - ``debugging``      flight records read (who is behind, the first mismatch), every rank's stack, stragglers (14b)
 - ``communication``  bytes of DDP's hooks, HSDP and local SGD, counted; bytes across nodes; DiLoCo (14c)
+- ``float8``         FP8 formats, scales and casts counted; the recipe by hand; torchao's conversion; FSDP2's
+                     all-gather bytes (17a)
+- ``compiled``       torch.compile per block under sharding; graphs, breaks, recompiles and the collectives
+                     of compiled code counted; compiled autograd (17b)
 - ``compat``         what differs between torch 2.11-2.13, one helper per fact: versions and one-line
                      notes or refusals, DDP's buffer-sync keyword, the single-tensor collectives' names,
                      a group's timeout

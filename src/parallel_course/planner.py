@@ -1083,6 +1083,88 @@ def table(plans: list[Plan]) -> list[str]:
     return lines
 
 
+# --- when FP8 pays (chapter 17a) ---------------------------------------------------------------------
+#
+# torchao's roofline of a linear layer's training step in FP8 (torchao/testing/training/
+# roofline_utils.py, ``get_gemm_time_sympy`` and ``get_float8_mem_sympy``, tensorwise recipe), in
+# plain numbers: the three matmuls of forward and backward, each bounded by compute, memory or a
+# kernel launch, and the casts to FP8, memory-bound kernels that read bfloat16 and write eight bits.
+# Peaks: the data sheets (dense, no sparsity): H100 SXM 989 TFLOP/s bf16, 1979 fp8, 3.35 TB/s HBM3;
+# H200 the same chip with 4.8 TB/s HBM3e. The fractions of peak are torchao's ("based on experimental
+# observation" on H100s: 78 % for matmuls, 92 % for pointwise kernels), and so is the launch cost.
+
+KERNEL_LAUNCH_S = 2e-6
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A GPU's peaks for ``float8_linear_times``: dense bf16 and fp8 FLOP/s, memory bytes/s, and the
+    fractions of them that matmuls and pointwise kernels reach."""
+
+    name: str
+    bf16_flops: float
+    fp8_flops: float
+    memory_bandwidth: float
+    matmul_efficiency: float = 0.78
+    memory_efficiency: float = 0.92
+
+
+ROOFLINES = {"h100": Roofline("h100", 989e12, 1979e12, 3.35e12), "h200": Roofline("h200", 989e12, 1979e12, 4.8e12)}
+
+
+def _matmul_s(gpu: Roofline, m: int, k: int, n: int, fp8: bool) -> float:
+    """One (m x k) @ (k x n): compute, or the bytes read and written (fp8 operands, a bf16 result), or a launch."""
+    compute = 2 * m * k * n / ((gpu.fp8_flops if fp8 else gpu.bf16_flops) * gpu.matmul_efficiency)
+    moved = (m * k + k * n) * (1 if fp8 else 2) + m * n * 2
+    return max(compute, moved / (gpu.memory_bandwidth * gpu.memory_efficiency), KERNEL_LAUNCH_S)
+
+
+def _kernels_s(gpu: Roofline, byte_counts: list[float]) -> float:
+    return sum(max(b / (gpu.memory_bandwidth * gpu.memory_efficiency), KERNEL_LAUNCH_S) for b in byte_counts)
+
+
+def float8_linear_times(m: int, k: int, n: int, gpu: Roofline, fused_casts: bool = False) -> dict[str, float]:
+    """Seconds for a linear of an (m x k) input and a (k x n) weight, forward and backward: ``bf16``
+    (its three matmuls in bfloat16), ``fp8_matmuls`` (the same in FP8) and ``casts`` (tensorwise
+    dynamic scaling: per tensor an amax kernel, a reduction of negligible bytes, and a cast that
+    writes the eight-bit tensor in both layouts its matmuls read; the weight's cast runs once in
+    forward and once in backward). ``fused_casts``: the amax of the input and of the output's
+    gradient read as the kernel before them writes them (what torch.compile can fuse); the weight's
+    never is. torchao's model, term by term."""
+    elements = {"input": m * k, "weight": k * n, "grad_output": m * n}
+    casts = []
+    for role, numel in elements.items():
+        amax = 0 if fused_casts and role != "weight" else 2 * numel
+        if role == "weight":
+            casts += [amax, 0, 3 * numel, 3 * numel]
+        else:
+            casts += [amax, 0, 4 * numel]
+    return {
+        "bf16": _matmul_s(gpu, m, k, n, False) + _matmul_s(gpu, m, n, k, False) + _matmul_s(gpu, k, m, n, False),
+        "fp8_matmuls": _matmul_s(gpu, m, k, n, True) + _matmul_s(gpu, m, n, k, True) + _matmul_s(gpu, k, m, n, True),
+        "casts": _kernels_s(gpu, casts),
+    }
+
+
+def float8_speedup(m: int, k: int, n: int, gpu: Roofline, fused_casts: bool = False) -> float:
+    """bf16 time over FP8 time (matmuls and casts) of one linear's training step: above 1, FP8 pays."""
+    t = float8_linear_times(m, k, n, gpu, fused_casts)
+    return t["bf16"] / (t["fp8_matmuls"] + t["casts"])
+
+
+def linear_shapes(m: Model) -> list[tuple[str, int, int]]:
+    """A block's linears as (name, k inputs, n outputs), in ``Model.matmuls``'s order (dense MLPs)."""
+    h, f, kv = m.hidden, m.ffn_width, m.kv_width
+    mlp = [("fc1", h, f), ("fc2", f, h)] if m.mlp == "gelu" else [("w1", h, f), ("w3", h, f), ("w2", f, h)]
+    return [("q", h, h), ("k", h, kv), ("v", h, kv), ("proj", h, h)] + mlp
+
+
+def float8_linears(m: Model, tokens: int, gpu: Roofline, fused_casts: bool = False) -> list[tuple[str, float]]:
+    """Each of a block's linears with ``tokens`` rows (micro-batch x sequence on one GPU) and its
+    FP8 speedup (``float8_speedup``)."""
+    return [(name, float8_speedup(tokens, k, n, gpu, fused_casts)) for name, k, n in linear_shapes(m)]
+
+
 # --- command line ------------------------------------------------------------------------------------
 
 SHAPE_FLAGS = {
