@@ -677,6 +677,8 @@ EXPECTED_FALSE = {
     # On a GPU the 16-bit losses pass within 2**-8 without being equal to fp32's (the line's
     # "equal: False"); the same line with FAIL is a failure.
     "c08_fsdp_options.py": ("losses of 5 steps, 16-bit compute vs fp32 (every rank): PASS",),
+    # Compiled autograd loses a reduce-scatter under FSDP2 in torch 2.13: the lecture shows it failing.
+    "c17b_compile_sharded.py": ("compiled autograd, fsdp:",),
 }
 # In any case: a script may print "Fail", "mismatch" or ": no" as well as FAIL, MISMATCH or ": NO".
 FAILED_CHECK = re.compile(r"\bFAIL\b|MISMATCH|:\s*False\b|:\s*NO\b", re.IGNORECASE)
@@ -814,6 +816,10 @@ DEVICE_DEPENDENT = {
     },
     "c14c_talking_less.py": {
         r"^bf16_compress_hook: ": "the bf16 hook refuses a CPU build; on a CUDA build it runs (on 1 GPU: over gloo)"
+    },
+    "c17a_float8_fsdp.py": {
+        r"; FP8 matmuls ": "emulated in float32 on a CPU; torchao's FP8 kernels on compute capability 8.9+",
+        r"^a unit whose weights are all FP8: ": "gloo has no float8 type and refuses; nccl gathers it as bytes",
     },
 }
 # Lines device_paths.py finds on a device-dependent path whose text is the same on every device.
