@@ -53,7 +53,8 @@ SLIPS = {
             (COLUMN_WEIGHT, COLUMN_WEIGHT.replace(".chunk(world_size, dim=0)[rank]", "[rank::world_size]")),
             (COLUMN_BIAS, COLUMN_BIAS.replace(".chunk(world_size, dim=0)[rank]", "[rank::world_size]")),
         ],
-        "the right output features in another order",
+        "the right output features in another order: rank r's slice must be chunk r of the features (torch.chunk "
+        "order); here feature 1 is the expected feature 2",
     ),
     # What tensor parallelism is for, skipped: a rank keeps the whole weight alive.
     "column_weight_a_view": (
