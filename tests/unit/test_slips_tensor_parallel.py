@@ -46,11 +46,6 @@ def test_right_outputs_name_nothing():
     assert output_slip([EXPECTED] * N, EXPECTED, B, 0) is None
 
 
-def test_only_this_ranks_slice_of_the_output():
-    slices = list(EXPECTED.chunk(N, dim=-1))
-    assert output_slip(slices, EXPECTED, B, 1).startswith("only this rank's slice of the output features")
-
-
 def test_partial_results_not_summed_and_no_bias_added():
     # (not summed, each with the bias: the injected slip; so are the bias added on every rank and the
     # features in another order)
