@@ -91,16 +91,17 @@ def test_every_check_is_graded_and_an_untouched_lab_scores_zero(lab, course):
 
 
 def _solution_regions(source):
-    """The code between ### BEGIN SOLUTION and ### END SOLUTION, one list of lines per region."""
+    """The code between ### BEGIN SOLUTION and ### END SOLUTION, one list of (line number, line) per
+    region, numbered from 1 as the cell's lines are."""
     regions, current = [], None
-    for line in source.splitlines():
+    for number, line in enumerate(source.splitlines(), start=1):
         if "### BEGIN SOLUTION" in line:
             current = []
         elif "### END SOLUTION" in line:
             regions.append(current)
             current = None
         elif current is not None:
-            current.append(line)
+            current.append((number, line))
     return regions
 
 
@@ -110,8 +111,49 @@ def _distinctive(lines):
     return [line for line in normal if len(line) >= 20 and not line.startswith(("#", '"""'))]
 
 
-def test_no_lab_answer_is_shown_outside_solutions():
-    """A lab's answer (its solution regions) appears in no lecture, script or package module.
+def _behaviour_checked(solution, leak_search):
+    """The line numbers, per code cell of ``solution``, of its answers that the leak search checked in
+    the kernel (``checked``: every importable candidate tried in the answer's place). An answer whose
+    name is not the solution's only one of that name is left out: the search reports by name."""
+    leaks = load_script(LEAK_SEARCH)
+    cells = leaks.code_cells(solution)
+    found = [(index, answer) for index, source in enumerate(cells) for answer in leaks.answers([source])]
+    names = [answer["name"] for _, answer in found]
+    report = leak_search["labs"][solution.name]
+    lines = {}
+    for index, answer in found:
+        if names.count(answer["name"]) == 1 and report.get(answer["name"], {}).get("checked"):
+            first, last = answer["lines"]
+            lines.setdefault(index, set()).update(range(first, last + 1))
+    return lines
+
+
+def _shown_by_text(shown, solutions, leak_search):
+    """The answers of ``solutions`` that ``shown`` ({where: its lines, whitespace normalised}) shows as
+    text: most of a solution region's distinctive lines (60 %, at least 2) in one file. A region's
+    lines inside an answer the leak search checked in the kernel are left to that search; what is left
+    (answers checked only by launches, and code of a region outside any answer) is compared."""
+    leaks = []
+    for solution in solutions:
+        checked = _behaviour_checked(solution, leak_search)
+        cells = [c for c in nbformat.read(solution, as_version=4).cells if c.cell_type == "code"]
+        for index, cell in enumerate(cells):
+            for region in _solution_regions(cell.source):
+                lines = _distinctive(line for number, line in region if number not in checked.get(index, ()))
+                for where, seen in shown.items():
+                    hits = [line for line in lines if line in seen]
+                    if len(hits) >= max(2, 0.6 * len(lines)):
+                        leaks.append(
+                            f"{solution.name}: {len(hits)} of {len(lines)} lines of an answer are in {where}, "
+                            f"e.g. {hits[0]!r}"
+                        )
+    return leaks
+
+
+def test_no_lab_answer_is_shown_outside_solutions(leak_search):
+    """A lab's answer that the leak search does not check in the kernel (its checks launch processes:
+    no candidate can be tried in its place), and a solution region's code outside any answer, appear
+    in no lecture, script or package module as text; the answers the search checks are its own.
 
     A region counts as shown when most of its distinctive lines (60 %, at least 2) appear in one
     other file; a bug-hunt's fixed script shares the course's conventions with the lectures, but
@@ -128,19 +170,29 @@ def test_no_lab_answer_is_shown_outside_solutions():
             else path.read_text()
         )
         shown[path.relative_to(ROOT)] = {" ".join(line.split()) for line in text.splitlines()}
-    leaks = []
-    for solution in sorted((ROOT / "solutions").glob("*.ipynb")):
-        for cell in nbformat.read(solution, as_version=4).cells:
-            for region in _solution_regions(cell.source):
-                lines = _distinctive(region)
-                for where, seen in shown.items():
-                    hits = [line for line in lines if line in seen]
-                    if len(hits) >= max(2, 0.6 * len(lines)):
-                        leaks.append(
-                            f"{solution.name}: {len(hits)} of {len(lines)} lines of an answer are in {where}, "
-                            f"e.g. {hits[0]!r}"
-                        )
+    leaks = _shown_by_text(shown, SOLUTIONS, leak_search)
     assert not leaks, "\n".join(leaks)
+
+
+def test_the_text_comparison_finds_a_shown_answer(leak_search):
+    """An answer checked only by launches (lab 03's ring), planted as text in a file, is found; one the
+    leak search checks in the kernel (lab 02's replica losses) is left to that search, though the
+    comparison would find it too."""
+    ring = ROOT / "solutions" / "lab03_ring_allreduce.ipynb"
+    losses = ROOT / "solutions" / "lab02_manual_data_parallel.ipynb"
+    assert not leak_search["labs"][ring.name]["ring_allreduce"]["checked"]
+    assert leak_search["labs"][losses.name]["my_replica_losses"]["checked"]
+    planted = set()
+    for solution, marker in [(ring, "def ring_allreduce("), (losses, "def my_replica_losses(")]:
+        source = next(c.source for c in nbformat.read(solution, as_version=4).cells if marker in c.source)
+        planted |= {" ".join(line.split()) for region in _solution_regions(source) for _, line in region}
+
+    def found(search):
+        return [leak.split(":")[0] for leak in _shown_by_text({"planted.py": planted}, [ring, losses], search)]
+
+    assert found(leak_search) == [ring.name]
+    nothing_checked = {"labs": {ring.name: {}, losses.name: {}}}
+    assert found(nothing_checked) == [ring.name, losses.name]
 
 
 # Lab 07a as it once was: 1F1B's order, checked against orders written out by hand. The package's

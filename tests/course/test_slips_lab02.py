@@ -26,7 +26,7 @@ SLIPS = {
     "the model run instead of the replica": (
         "c04",
         [("replicas[i](chunks[i])", "model(chunks[i])")],
-        "the replica has no gradient and the model has one",
+        "the replica has no gradient and the model has one: does the thread run the model, not its replica?",
     ),
     "backward after the join": (
         "c04",

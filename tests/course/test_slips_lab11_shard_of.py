@@ -21,7 +21,8 @@ PIECE = "return padded[rank * size : (rank + 1) * size].clone()"
 SLIPS = {
     "floor": (
         [("size = -(-flat.numel() // world_size)", "size = flat.numel() // world_size"), (CUT, "padded = flat")],
-        "every piece has numel // world_size = 3 elements, so the last 1 element(s) are in no piece",
+        "every piece has numel // world_size = 3 elements, so the last 1 element(s) are in no piece: pieces must be "
+        "ceil(numel / world_size) = 4 long",
     ),
     "not_padded": ([(CUT, "padded = flat")], "the last piece has 2 elements and the others 4"),
     "strided": (
@@ -29,7 +30,10 @@ SLIPS = {
         "piece r holds elements r, r + 3, r + 6, ... (a stride)",
     ),
     "same_piece": ([(PIECE, "return padded[:size].clone()")], "every rank gets the same piece"),
-    "view": ([(PIECE, PIECE.replace(".clone()", ""))], "the piece of rank 0 is a view into a tensor of 12 elements"),
+    "view": (
+        [(PIECE, PIECE.replace(".clone()", ""))],
+        "right values, but the piece of rank 0 is a view into a tensor of 12 elements",
+    ),
 }
 
 

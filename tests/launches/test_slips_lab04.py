@@ -50,7 +50,8 @@ SLIPS = {
             ("for X, y in loader:", "for i, (X, y) in enumerate(loader):"),
             ("running_loss / len(loader)", "running_loss / i"),
         ],
-        "every epoch's loss is 1.0667x the reference's: divided by one batch too few (15, the last batch's index",
+        "every epoch's loss is 1.0667x the reference's: divided by one batch too few (15, the last batch's index, "
+        "where there are 16 batches)?",
     ),
     "rank 0's own loss": (
         [("dist.all_reduce(epoch_loss, op=dist.ReduceOp.AVG)", "pass")],

@@ -49,7 +49,8 @@ SLIPS = {
         "DDP",
         [("for tensor in list(module.parameters()) + list(module.buffers()):", "for tensor in module.buffers():")],
         WEIGHTS,
-        "after wrapping, this rank's parameters (e.g. embed.weight) are its own, not rank 0's",
+        "after wrapping, this rank's parameters (e.g. embed.weight) are its own, not rank 0's, its buffers rank 0's: "
+        "are the parameters broadcast, in place?",
     ),
     "buffers not broadcast": (
         "DDP",

@@ -30,7 +30,8 @@ SLIPS = {
     "row_bias_split": ([(ROW_BIAS, COLUMN_BIAS)], "a slice of the bias: a row-parallel layer"),
     "column_not_gathered": (
         [("return GatherShards.apply(y) if self.gather_output else y", "return y")],
-        "ColumnParallelLinear output: rank 0: expected shape (4, 32), got (4, 16): only this rank's slice",
+        "ColumnParallelLinear output: rank 0: expected shape (4, 32), got (4, 16): only this rank's slice of the "
+        "output features: with gather_output=True the ranks' slices are gathered into the whole output",
     ),
     "column_input_not_copied": (
         [("F.linear(CopyToShards.apply(x), self.weight, self.bias)", "F.linear(x, self.weight, self.bias)")],
@@ -53,7 +54,8 @@ SLIPS = {
             (COLUMN_WEIGHT, COLUMN_WEIGHT.replace(".chunk(world_size, dim=0)[rank]", "[rank::world_size]")),
             (COLUMN_BIAS, COLUMN_BIAS.replace(".chunk(world_size, dim=0)[rank]", "[rank::world_size]")),
         ],
-        "the right output features in another order",
+        "the right output features in another order: rank r's slice must be chunk r of the features (torch.chunk "
+        "order); here feature 1 is the expected feature 2",
     ),
     # What tensor parallelism is for, skipped: a rank keeps the whole weight alive.
     "column_weight_a_view": (

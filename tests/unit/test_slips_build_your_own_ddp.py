@@ -1,4 +1,7 @@
-"""Lab 05's slips: a rank's weights after wrapping, and each step's gradients once synchronized."""
+"""Lab 05's slips where no injected slip reaches them: a rank's weights after wrapping and each step's
+gradients once synchronized, silent on a right result and on a difference no slip explains, and the
+weights when both parameters and buffers are the rank's own. The slips the checker names for the
+solution with each slip injected: tests/launches/test_slips_lab05.py."""
 
 import torch
 from torch import nn
@@ -14,18 +17,11 @@ class WithBuffer(nn.Module):
         self.register_buffer("position", torch.randn(3))
 
 
-def test_weights_after_wrapping():
+def test_weights_after_wrapping_rank_0s_or_all_its_own():
     rank0 = WithBuffer(0)
     assert broadcast_slip(WithBuffer(0), rank0) is None
-    own = WithBuffer(1)
-    assert "parameters and buffers are its own, not rank 0's" in broadcast_slip(own, rank0)
-    own.position.copy_(rank0.position)
-    assert "parameters (e.g. linear.weight) are its own, not rank 0's, its buffers rank 0's" in broadcast_slip(
-        own, rank0
-    )
-    own.load_state_dict(rank0.state_dict())
-    own.position.add_(1)
-    assert "buffer position is its own, not rank 0's: are the buffers broadcast too?" in broadcast_slip(own, rank0)
+    # (parameters only, or buffers only, its own: the injected slips)
+    assert "parameters and buffers are its own, not rank 0's" in broadcast_slip(WithBuffer(1), rank0)
 
 
 def grads(scale=1.0, seed=0):
@@ -33,16 +29,9 @@ def grads(scale=1.0, seed=0):
     return {"a": scale * torch.randn(4, 3, generator=g), "b": scale * torch.randn(3, generator=g)}
 
 
-def test_the_first_step_whose_gradients_differ_names_the_slip():
+def test_no_slip_named_where_the_gradients_agree_or_none_fits():
     whole, own = [grads(), grads(seed=1)], [grads(seed=2), grads(seed=3)]
     assert gradient_slip(whole, whole, own, 2) is None
-    assert "every gradient of step 1 is 2.00x the reference's: is the sum over the ranks divided" in gradient_slip(
-        [grads(2.0), grads(2.0, seed=1)], whole, own, 2
-    )
-    assert "every gradient of step 2 is 0.25x the reference's: is the average divided by the world size once more?" in (
-        gradient_slip([grads(), grads(0.25, seed=1)], whole, own, 4)
-    )
-    assert "every gradient of step 1 is this rank's own, of its shard alone" in gradient_slip(own, whole, own, 2)
-    # another difference, or a parameter without its gradient: no slip named
+    # another difference, or a parameter without its gradient
     assert gradient_slip([grads(seed=5), grads(seed=1)], whole, own, 2) is None
     assert gradient_slip([{"a": grads()["a"]}, grads(seed=1)], whole, own, 2) is None

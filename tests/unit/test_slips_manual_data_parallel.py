@@ -1,4 +1,7 @@
-"""Lab 02's slips, each recognised from what it leaves behind, and none from a right result."""
+"""Lab 02's slips, each recognised from what it leaves behind, and none from a right result. The
+slips the checks name for the solution with each slip injected: tests/course/test_slips_lab02.py;
+here chiefly what those leave out (right results, results no slip explains, a slot left unwritten
+in the middle, a replica and a model both without gradients)."""
 
 import torch
 from torch import nn
@@ -9,35 +12,26 @@ from parallel_course.slips.manual_data_parallel import no_gradient_slip, scale_s
 def test_slots_left_unwritten():
     loss = torch.tensor(1.0)
     assert unwritten_slots([loss, loss, loss]) is None
-    assert "only the last slot (2) was written: did every thread run the last replica" in unwritten_slots(
-        [None, None, loss]
-    )
+    # (only the last slot written: the injected late binding)
     assert unwritten_slots([loss, None, loss]).startswith("slots [1] hold None: did every thread write its slot")
     assert unwritten_slots("not a list") is None
 
 
 def test_a_replica_without_gradients():
+    # (the model run in the replica's place, its gradient where the replica's should be: the injected slip)
     model, replica = nn.Linear(2, 1), nn.Linear(2, 1)
     assert "does each thread run the backward" in no_gradient_slip(replica, model)
-    model(torch.ones(1, 2)).sum().backward()
-    assert "does the thread run the model, not its replica?" in no_gradient_slip(replica, model)
     replica(torch.ones(1, 2)).sum().backward()
     assert no_gradient_slip(replica, model) is None
 
 
-def test_which_thread_ran_what():
+def test_threads_that_ran_what_they_should_name_nothing():
     assert thread_slip(3, 3, 3) is None
-    assert "does loss.backward() run after the threads are joined?" in thread_slip(3, 0, 3)
-    assert "every replica ran on the calling thread" in thread_slip(0, 0, 3)
     assert thread_slip(2, 2, 3) is None
 
 
-def test_off_by_the_samples_or_the_samples_per_chunk():
+def test_a_scale_that_is_no_slip_names_nothing():
     expected = torch.tensor([0.5, -1.0])
-    assert "100.00x the expected, the number of samples" in scale_slip(100 * expected, expected, [34, 34, 32])
-    assert "33.33x the expected, 100/3: divided by the number of chunks" in scale_slip(
-        100 / 3 * expected, expected, [34, 34, 32]
-    )
     assert scale_slip(expected, expected, [34, 34, 32]) is None
     assert scale_slip(3 * expected, expected, [34, 34, 32]) is None
     assert scale_slip(None, expected, [34, 34, 32]) is None

@@ -1,7 +1,9 @@
 """Lab 03's slips, recognised from how many times each rank's input makes up each chunk of a result.
 
 The results are made here from such counts, per rank and chunk: the patterns a ring with each slip
-leaves at 3 and 4 ranks (the launch test injects the slips into a real ring at 2)."""
+leaves at 3 and 4 ranks, where the lab checks too (the launch test injects the slips into a real
+ring at 2: tests/launches/test_slips_lab03.py). A send or receive that times out: the launch finds
+every deadlock on threads first, so only here."""
 
 import pytest
 import torch

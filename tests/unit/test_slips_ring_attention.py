@@ -1,6 +1,7 @@
 """Lab 13's slip recognisers (parallel_course.slips.ring_attention): merge's wrong results named, the
-ring's records (of 3 and 4 ranks) read, and silence on what is right. The launched checker with each
-slip injected: tests/launches/test_slips_lab13.py; the in-kernel merge check: tests/course/."""
+ring's records (of 3 and 4 ranks) read, and silence on what is right; here the slips no injection
+makes. The launched checker with each slip injected: tests/launches/test_slips_lab13.py; the
+in-kernel merge check: tests/course/test_slips_lab13_merge.py."""
 
 import math
 
@@ -34,20 +35,11 @@ def test_a_right_merge_names_no_slip(blocks):
     assert merge_slip(whole, parts) is None
 
 
-def test_each_wrong_merge_is_named(blocks):
+def test_the_wrong_merges_no_injection_makes_are_named(blocks):
+    # (the outputs averaged, added, not divided by their sum, swapped; lse_a kept, the larger one, exp
+    # overflowed: the injected slips)
     (out_a, lse_a, out_b, lse_b), (out, lse) = blocks
-    weight_a, weight_b = lse_a.exp()[..., None], lse_b.exp()[..., None]
-    cases = {
-        "averages the two outputs": ((out_a + out_b) / 2, lse),
-        "adds the two outputs": (out_a + out_b, lse),
-        "not divided by their sum": (weight_a * out_a + weight_b * out_b, lse),
-        "the weights are swapped": ((weight_b * out_a + weight_a * out_b) / (weight_a + weight_b), lse),
-        "lse_a unchanged": (out, lse_a),
-        "lse_b unchanged": (out, lse_b),
-        "the larger of the two": (out, torch.maximum(lse_a, lse_b)),
-        "lse_a + lse_b": (out, lse_a + lse_b),
-        "did exp() overflow": (out, torch.full_like(lse, math.inf)),
-    }
+    cases = {"lse_b unchanged": (out, lse_b), "lse_a + lse_b": (out, lse_a + lse_b)}
     for named, got in cases.items():
         slip = merge_slip(got, (out_a, lse_a, out_b, lse_b))
         assert slip is not None and named in slip, (named, slip)
@@ -95,31 +87,16 @@ def test_a_right_ring_names_no_slip(n):
 @pytest.mark.parametrize("n", [3, 4])
 @pytest.mark.parametrize(
     "how, named",
+    # (the rotation off by one, the own block in full, an earlier one causal, a later one in full: the
+    # injected slips; K/V sent the wrong way round are found on threads before the records are read)
     [
         (dict(direction=-1), "K/V travel the wrong way round"),
-        (dict(shift=1), "as if its source were (rank - step + 1) % N"),
-        (dict(shift=-1), "as if its source were (rank - step - 1) % N"),
-        (dict(own=False), "attended to its own block without the causal mask"),
         (dict(own=None), "attended to its own block not at all"),
-        (dict(earlier=True), "an earlier one, with the causal mask"),
         (dict(earlier=None), "an earlier one, not at all"),
-        (dict(later=False), "a later one (full mask)"),
         (dict(later=True), "a later one (causal mask)"),
         (dict(steps=1), "ring_step was called 1 time(s) on a rank"),
     ],
 )
-def test_each_ring_slip_is_named(n, how, named):
+def test_each_ring_slip_no_injection_makes_is_named(n, how, named):
     slip = ring_slip(traces(n, **how))
     assert slip is not None and named in slip, slip
-
-
-def test_merges_are_read_first():
-    wrong = traces(3)
-    wrong[2][-1] = ("merge", "the output: it adds the two outputs", True)
-    assert ring_slip(wrong) == "rank 2's merge is wrong: the output: it adds the two outputs"
-    stale = traces(3)
-    stale[2][-1] = ("merge", None, False)
-    assert "on rank 2, a merge does not get the previous merge's result" in ring_slip(stale)
-    zeros = traces(3)
-    zeros[1].insert(0, ("start", True))
-    assert ring_slip(zeros).startswith("rank 1's first merge starts from out = 0, lse = 0")

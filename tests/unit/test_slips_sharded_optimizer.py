@@ -1,5 +1,6 @@
-"""Lab 08's slip recognition (parallel_course.slips.sharded_optimizer): each pattern named from
-every rank's results, nothing named where there is no pattern."""
+"""Lab 08's slip recognition (parallel_course.slips.sharded_optimizer): the patterns no injected slip
+makes named from every rank's results, nothing named where there is no pattern. The slips the
+checker names for the solution with each slip injected: tests/launches/test_slips_lab08.py."""
 
 import torch
 
@@ -27,7 +28,7 @@ def test_weight_status():
 
 def test_balance():
     assert balance_slip(BALANCED, NUMELS, 2) is None
-    assert balance_slip([i % 2 for i in range(8)], NUMELS, 2).startswith("the owners go round-robin by position")
+    # (round-robin by position: the injected slip)
     assert balance_slip([0] * 8, NUMELS, 2) == "every parameter is owned by rank 0"
     # Round-robin over parameters of equal size is a balance by size too.
     assert balance_slip([0, 1, 0, 1], [10] * 4, 2) is None
@@ -35,32 +36,18 @@ def test_balance():
 
 def test_state():
     assert state_slip([[0, 3, 4, 7], [1, 2, 5, 6]], BALANCED, 8) is None
-    assert state_slip([list(range(8))] * 2, BALANCED, 8).startswith("every rank holds optimizer state for every")
+    # (every rank's state for every parameter: the injected slip; state for the parameters a rank does not
+    # own leaves every parameter with state on one rank, so the checker's FAIL never shows this one)
     assert state_slip([[1, 2, 5, 6], [0, 3, 4, 7]], BALANCED, 8).startswith(
         "each rank holds state for the parameters it does not own"
     )
     assert state_slip([[1, 2, 5, 6], [0, 3, 4, 7]], None, 8) is None
 
 
-def test_weights_all_right_or_none_moved_or_learning_rate_lost():
+def test_weights_right_or_without_a_pattern():
+    # (none moved, the learning rate lost, only each rank's own moved, one rank's never moved: the injected
+    # slips)
     assert weights_slip([[REFERENCE] * 8] * 2, BALANCED) is None
-    assert weights_slip([[INITIAL] * 8] * 2, BALANCED).startswith("no parameter moved on any rank")
-    assert weights_slip([[LR_UNCHANGED] * 8] * 2, None).startswith(
-        "the weights are those of a run whose learning rate was never"
-    )
-
-
-def test_weights_only_each_ranks_own_moved():
-    status = [[OTHER if owner == rank else INITIAL for owner in BALANCED] for rank in range(2)]
-    assert weights_slip(status, BALANCED).startswith("on each rank only the parameters it owns moved")
-
-
-def test_weights_of_one_ranks_parameters_never_moved():
-    row = [OTHER if owner == 0 else INITIAL for owner in BALANCED]
-    assert weights_slip([row, row], BALANCED).startswith("the parameters owned by rank 1 never moved, on any rank")
-
-
-def test_weights_without_a_pattern():
     assert weights_slip([[OTHER] * 8] * 2, BALANCED) is None
     assert weights_slip([[OTHER if owner == 0 else INITIAL for owner in BALANCED]] * 2, None) is None
     assert weights_slip([[INITIAL] * 7 + [OTHER]] * 2, BALANCED) is None
