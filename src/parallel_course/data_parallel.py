@@ -260,12 +260,14 @@ def check_close_or_slip(
     atol: float,
     slips: dict[str, torch.Tensor],
     slip: str | None = None,
-) -> float:
+) -> None:
     """``checks.check_close``, and a FAIL that names the slip when ``got`` misses ``expected`` but
     equals what a known slip computes (``slips``: what the slip is -> what it gives); else ``slip``,
     a slip recognised another way (or None)."""
     known = matching_slip(got, slips, atol)
-    return check_close(what, got, expected, atol, slip=f"that is {known}" if known else slip)
+    # Nothing returned: a check cell ending in this call would show the difference, and nbgrader
+    # takes a number shown by a graded cell for its score.
+    check_close(what, got, expected, atol, slip=f"that is {known}" if known else slip)
 
 
 # --------------------------------------------------------------------------- what it costs

@@ -90,6 +90,17 @@ def test_every_check_is_graded_and_an_untouched_lab_scores_zero(lab, course):
     assert scored == {c.metadata.nbgrader.grade_id: (0, CHECK_POINTS) for c in checks}
 
 
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+def test_no_check_cell_shows_a_value(solution):
+    """nbgrader scores a graded cell by its value when it shows one that reads as a number (partial
+    credit): a check cell ending in a call that returns 0.0 scores a solved lab 0. The stored
+    outputs are what a run shows (strict nbval compares them)."""
+    nb = nbformat.read(solution, as_version=4)
+    checks = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(CHECK)]
+    shown = [c.source.splitlines()[-1] for c in checks if any(o.output_type == "execute_result" for o in c.outputs)]
+    assert not shown, f"check cells that end with a value (end them with a statement): {shown}"
+
+
 def _solution_regions(source):
     """The code between ### BEGIN SOLUTION and ### END SOLUTION, one list of (line number, line) per
     region, numbered from 1 as the cell's lines are."""
