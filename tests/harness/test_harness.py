@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from harness.units_of_work import UnitsOfWork, in_unit_of
@@ -98,14 +99,11 @@ def test_a_unit_of_work_is_a_test_file_or_a_notebook_with_the_tests_that_ask_for
     units = UnitsOfWork(ROOT)
     lecture = "notebooks/10_multi_node_and_clusters.ipynb"
     assert units.of(f"{lecture}::Cell 4") == units.of(f"{lecture}::Cell 0")
-    assert units.of(f"tests/launches/test_rerun.py::test_a_notebook_passes_twice_in_a_row[{in_unit_of(lecture)}]") == (
+    assert units.of(f"tests/launches/test_after.py::test_reads_what_it_left[{in_unit_of(lecture)}]") == (
         units.of(f"{lecture}::Cell 0")
     )
     assert units.of("tests/launches/test_launch.py::test_x[a::b]") == "tests/launches/test_launch.py"
-    assert (
-        units.of("tests/launches/test_rerun.py::test_two_checkouts_run_a_notebook_at_once")
-        == "tests/launches/test_rerun.py"
-    )
+    assert units.of("tests/launches/test_after.py::test_on_its_own") == "tests/launches/test_after.py"
 
 
 def test_notebooks_that_write_the_same_name_into_work_are_one_unit(tmp_path):
@@ -211,3 +209,48 @@ def test_the_time_report_names_every_file_slowest_last(tmp_path):
     report = result.stdout.split("time per test file and notebook (slowest last)", 1)[1].splitlines()[1:]
     assert [line.split()[-1] for line in report[:4]] == ["test_quick.py", "test_slow.py", "notebooks", "everything"]
     assert float(report[1].split()[0]) >= 0.5 and float(report[3].split()[0]) >= 0.5, report
+
+
+def test_nbval_kernels_talk_over_unix_sockets_where_a_taken_port_kills_a_tcp_kernel(request, tmp_path):
+    """unix_socket_kernels.py: nbval's kernels in this run bind files in the run's own folder. The
+    negative control is the failure they avoid: a TCP kernel whose port another process took between
+    jupyter_client's choice and the kernel's bind dies before it answers."""
+    import socket
+
+    import nbval.kernel
+    from jupyter_client.manager import KernelManager
+
+    from harness.unix_socket_kernels import FOLDER
+
+    kernel = nbval.kernel.RunningKernel(nbval.kernel.CURRENT_ENV_KERNEL_NAME, cwd=str(tmp_path))
+    try:
+        folder = Path(request.config.stash[FOLDER])
+        assert kernel.km.transport == "ipc" and Path(kernel.km.connection_file).parent == folder
+        sockets = sorted(path.name for path in folder.glob(Path(kernel.km.connection_file).stem + "-ipc-*"))
+        assert len(sockets) == 5, sockets
+    finally:
+        kernel.stop()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        manager = KernelManager(
+            kernel_name=nbval.kernel.CURRENT_ENV_KERNEL_NAME,
+            kernel_spec_manager=nbval.kernel.NbvalKernelspecManager(),
+            # The port is ours to choose (no cache of chosen ports): the one a process took.
+            cache_ports=False,
+            shell_port=taken.getsockname()[1],
+        )
+        with open(tmp_path / "kernel.err", "w") as stderr:
+            manager.start_kernel(cwd=str(tmp_path), stderr=stderr)
+        client = manager.client()
+        client.start_channels()
+        try:
+            with pytest.raises(RuntimeError, match="Kernel died before replying to kernel_info"):
+                client.wait_for_ready(timeout=60)
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+        assert "Address already in use" in (tmp_path / "kernel.err").read_text()
+    finally:
+        taken.close()

@@ -7,8 +7,8 @@ by one worker:
 - notebooks of one folder that write scripts of the same name into its ``work/`` folder (each
   its own version: they would overwrite each other's) form one unit, found from the notebooks'
   ``%%writefile`` cells;
-- a test whose parameter id is ``in_unit_of(path)`` runs in the unit of ``path``, after it
-  (tests/launches/test_rerun.py runs a notebook again in the same ``work/`` folder).
+- a test whose parameter id is ``in_unit_of(path)`` runs in the unit of ``path``, after it (a
+  test that reads what a notebook or another test file leaves, on the worker that made it).
 
 The order work is handed out in, cheap first so that a mistake shows in seconds: tests marked
 ``first`` (the lint); the other tests; the notebooks; then the ``heavy`` tests, which launch many
