@@ -38,6 +38,8 @@ def run_nbval_on_launch(tmp_path, script_body: str):
             "pytest",
             "-p",
             "no:cacheprovider",
+            "-p",
+            "harness.unix_socket_kernels",
             "--nbval",
             "--nbval-current-env",
             "--nbval-sanitize-with",
@@ -52,6 +54,7 @@ def run_nbval_on_launch(tmp_path, script_body: str):
         ],
         timeout=120,
         cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=HARNESS_PATH),
     )
 
 
