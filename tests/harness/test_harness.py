@@ -257,3 +257,50 @@ def test_nbval_kernels_talk_over_unix_sockets_where_a_taken_port_kills_a_tcp_ker
         assert "Address already in use" in (tmp_path / "kernel.err").read_text()
     finally:
         taken.close()
+
+
+class FakeItem:
+    def __init__(self, nodeid, *markers):
+        self.nodeid, self.markers = nodeid, markers
+
+    def get_closest_marker(self, name):
+        return name if name in self.markers else None
+
+
+def test_heavy_units_go_out_longest_first_and_an_unmeasured_one_before_them(tmp_path):
+    """By the seconds of a time report: the two workers end together; a unit it does not name
+    (new since) is taken for the longest. Each unit stays whole and in order; other ranks keep theirs."""
+    from harness.units_of_work import handed_out, measured_seconds
+
+    report = """\
+================ time per test file and notebook (slowest last) ================
+    2.0 s  tests/launches/test_short.py
+   50.0 s  notebooks/n.ipynb
+  120.0 s  tests/launches/test_long.py
+  172.0 s  everything
+"""
+    seconds = measured_seconds(report)
+    assert seconds == {
+        "tests/launches/test_short.py": 2.0,
+        "notebooks/n.ipynb": 50.0,
+        "tests/launches/test_long.py": 120.0,
+    }
+    items = [
+        FakeItem("tests/unit/test_u.py::test_a"),
+        FakeItem("notebooks/n.ipynb::Cell 0"),
+        FakeItem("tests/launches/test_short.py::test_a", "heavy"),
+        FakeItem("tests/launches/test_long.py::test_a", "heavy"),
+        FakeItem("tests/launches/test_long.py::test_b", "heavy"),
+        FakeItem("tests/launches/test_new.py::test_a", "heavy"),
+        FakeItem("tests/course/test_lint.py::test_a", "first"),
+    ]
+    order = [item.nodeid for item in handed_out(items, UnitsOfWork(tmp_path), seconds)]
+    assert order == [
+        "tests/course/test_lint.py::test_a",
+        "tests/unit/test_u.py::test_a",
+        "notebooks/n.ipynb::Cell 0",
+        "tests/launches/test_new.py::test_a",
+        "tests/launches/test_long.py::test_a",
+        "tests/launches/test_long.py::test_b",
+        "tests/launches/test_short.py::test_a",
+    ]
