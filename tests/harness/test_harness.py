@@ -20,9 +20,10 @@ from parallel_course.scriptdiff import written_scripts
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_nbval_on_launch(tmp_path, script_body: str):
-    """Strict nbval on a one-cell notebook whose stored output is a successful launch's."""
-    script = tmp_path / "job.py"
+def launch_notebook(folder: Path, name: str, script_body: str) -> None:
+    """A one-cell notebook ``name``.ipynb in ``folder`` that runs a script, its stored output a
+    successful launch's."""
+    script = folder / f"{name}.py"
     script.write_text(script_body)
     cell = new_code_cell(f"!{sys.executable} {script}")
     cell.execution_count = 1
@@ -30,8 +31,15 @@ def run_nbval_on_launch(tmp_path, script_body: str):
     cell.outputs = [new_output("stream", name="stdout", text="OK: every rank holds the sum\r\n")]
     nb = new_notebook(cells=[cell])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "launch.ipynb")
-    return run_bounded(
+    nbformat.write(nb, folder / f"{name}.ipynb")
+
+
+def test_strict_nbval_fails_a_crashed_launch_and_passes_a_good_one(tmp_path):
+    """`!cmd` never fails its cell; the stored output is what catches a crash (both notebooks in one
+    pytest run of their own, with the suite's nbval options)."""
+    launch_notebook(tmp_path, "crashed", "import sys\nsys.exit('worker crashed')\n")
+    launch_notebook(tmp_path, "good", "print('OK: every rank holds the sum')\n")
+    result = run_bounded(
         [
             sys.executable,
             "-m",
@@ -50,24 +58,18 @@ def run_nbval_on_launch(tmp_path, script_body: str):
             "/dev/null",
             "--rootdir",
             str(tmp_path),
-            str(tmp_path / "launch.ipynb"),
+            "-rA",
+            str(tmp_path / "crashed.ipynb"),
+            str(tmp_path / "good.ipynb"),
         ],
         timeout=120,
         cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=HARNESS_PATH),
     )
-
-
-def test_strict_nbval_fails_when_a_launch_crashes(tmp_path):
-    """`!cmd` never fails its cell; the stored output is what catches a crash."""
-    result = run_nbval_on_launch(tmp_path, "import sys\nsys.exit('worker crashed')\n")
-    assert result.returncode == 1, result.stdout[-3000:]
-    assert "worker crashed" in result.stdout
-
-
-def test_strict_nbval_passes_when_the_launch_succeeds(tmp_path):
-    result = run_nbval_on_launch(tmp_path, "print('OK: every rank holds the sum')\n")
-    assert result.returncode == 0, result.stdout[-3000:]
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:]
+    assert "FAILED crashed.ipynb::Cell 0" in out and "worker crashed" in out, out[-3000:]
+    assert "PASSED good.ipynb::Cell 0" in out, out[-3000:]
 
 
 def test_make_refuses_an_old_python_with_a_clear_message(tmp_path):
@@ -80,10 +82,10 @@ def test_make_refuses_an_old_python_with_a_clear_message(tmp_path):
     assert "Python 3.9.18" in result.stdout
 
 
-def run_own_suite(folder: Path, plugin: str, *args: str):
-    """pytest in a suite of its own in ``folder``, with one of the harness's plugins."""
+def run_own_suite(folder: Path, plugins: tuple[str, ...], *args: str):
+    """pytest in a suite of its own in ``folder``, with some of the harness's plugins."""
     return run_bounded(
-        [sys.executable, "-m", "pytest", *own_suite(folder, plugin), *args],
+        [sys.executable, "-m", "pytest", *own_suite(folder, *plugins), *args],
         timeout=180,
         cwd=folder,
         env=dict(os.environ, PYTHONPATH=HARNESS_PATH),
@@ -152,9 +154,11 @@ def record(name):
 """
 
 
-def test_two_workers_run_each_unit_whole_in_order(tmp_path):
+def test_two_workers_run_each_unit_whole_in_order_and_the_time_report_names_every_file(tmp_path):
     """As make test runs: a unit of work goes to one worker, whole, in order; a test that asks for
-    another's unit runs there, after it."""
+    another's unit runs there, after it. The time report at the end names every file, slowest last,
+    the workers' tests counted by the session."""
+    (tmp_path / "test_slow.py").write_text("import time\n\n\ndef test_slow():\n    time.sleep(0.5)\n")
     for name in ("a", "b"):
         tests = "".join(f"\n\ndef test_{name}{i}():\n    record('{name}{i}')\n" for i in range(3))
         (tmp_path / f"test_{name}.py").write_text(RECORD + tests)
@@ -169,13 +173,19 @@ def test_two_workers_run_each_unit_whole_in_order(tmp_path):
             record("c")
         """)
     )
-    result = run_own_suite(tmp_path, "harness.units_of_work", "-n", "2", "--no-loadscope-reorder")
+    plugins = ("harness.units_of_work", "harness.timing")
+    result = run_own_suite(tmp_path, plugins, "-n", "2", "--no-loadscope-reorder")
     assert result.returncode == 0, result.stdout[-3000:]
     ran = [log.read_text().split() for log in tmp_path.glob("ran_by_*.txt")]
     assert sorted(name for names in ran for name in names) == ["a0", "a1", "a2", "b0", "b1", "b2", "c"], ran
     # Each unit on one worker, in order, whatever the other worker ran.
     for unit in (["a0", "a1", "a2", "c"], ["b0", "b1", "b2"]):
         assert [[name for name in names if name in unit] for names in ran if unit[0] in names] == [unit], ran
+    report = result.stdout.split("time per test file and notebook (slowest last)", 1)[1].splitlines()[1:]
+    files = [line.split()[-1] for line in report[:6]]
+    assert sorted(files[:4]) == ["test_a.py", "test_b.py", "test_c.py", "test_slow.py"], report
+    assert files[3:] == ["test_slow.py", "notebooks", "everything"], report
+    assert float(report[3].split()[0]) >= 0.5 and float(report[5].split()[0]) >= 0.5, report
 
 
 def test_work_is_handed_out_cheap_first_and_heavy_last(tmp_path):
@@ -192,7 +202,7 @@ def test_work_is_handed_out_cheap_first_and_heavy_last(tmp_path):
         (tmp_path / path).write_text(text)
     (tmp_path / "notebooks").mkdir()
     nbformat.write(new_notebook(cells=[new_code_cell("1 + 1")]), tmp_path / "notebooks/n.ipynb")
-    result = run_own_suite(tmp_path, "harness.units_of_work", "--collect-only", "--nbval", *files, "notebooks")
+    result = run_own_suite(tmp_path, ("harness.units_of_work",), "--collect-only", "--nbval", *files, "notebooks")
     assert result.returncode == 0, result.stdout[-3000:]
     order = [line.split("::")[0] for line in result.stdout.splitlines() if "::" in line]
     assert order == [
@@ -202,16 +212,6 @@ def test_work_is_handed_out_cheap_first_and_heavy_last(tmp_path):
         "tests/launches/test_l.py",
         "tests/course/test_marked_heavy.py",
     ], result.stdout
-
-
-def test_the_time_report_names_every_file_slowest_last(tmp_path):
-    (tmp_path / "test_slow.py").write_text("import time\n\n\ndef test_slow():\n    time.sleep(0.5)\n")
-    (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
-    result = run_own_suite(tmp_path, "harness.timing", "test_slow.py", "test_quick.py")
-    assert result.returncode == 0, result.stdout[-3000:]
-    report = result.stdout.split("time per test file and notebook (slowest last)", 1)[1].splitlines()[1:]
-    assert [line.split()[-1] for line in report[:4]] == ["test_quick.py", "test_slow.py", "notebooks", "everything"]
-    assert float(report[1].split()[0]) >= 0.5 and float(report[3].split()[0]) >= 0.5, report
 
 
 def test_nbval_kernels_talk_over_unix_sockets_where_a_taken_port_kills_a_tcp_kernel(request, tmp_path):
