@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.nothing_left_behind import RUN_MARK, RUN_OWNER, alive_marked_processes, kill_marked_processes
+from harness.nothing_left_behind import GRACE_VAR, RUN_MARK, RUN_OWNER, alive_marked_processes, kill_marked_processes
 from helpers import HARNESS_PATH, own_suite
 from parallel_course.launch import run_bounded
 
@@ -161,6 +161,9 @@ def test_a_run_that_leaves_a_process_behind_fails(tmp_path):
         """)
     )
     env, mark = fresh_env(tmp_path)
+    # The process never ends: the aftermath's grace for processes that are ending would be waited
+    # in full.
+    env[GRACE_VAR] = "1"
     result = run_bounded(
         [sys.executable, "-m", "pytest", *inner_suite(tmp_path, "test_forgets_a_process.py")],
         timeout=180,
