@@ -20,7 +20,7 @@ run, the leftovers are checked:
 Records hold data only: the scripts in ``work/`` are rewritten by every run (``%%writefile``, the
 setup cell), and a notebook that runs a script it did not write fails
 tests/course/test_notebook_conventions.py. The names a notebook owns in ``work/`` are its alone
-outside its unit of work (tests/harness/test_harness.py checks it), so the two workers never
+outside its unit of work (tests/harness/test_leftovers.py checks it), so the two workers never
 plant into, or count, each other's files.
 
 ``pytest --record-leftovers -p no:xdist NOTEBOOK...`` runs the notebooks and writes their records
