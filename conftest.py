@@ -2,7 +2,9 @@
 
 The plugins live in tests/harness/, one concern each (tests/README.md): nothing_left_behind (the
 run's mark, stopping on a signal, the aftermath), units_of_work (what one pytest-xdist worker
-runs whole, and the order work is handed out in) and timing (the time of each file, at the end).
+runs whole, and the order work is handed out in), timing (the time of each file, at the end),
+unix_socket_kernels (nbval's kernels over Unix sockets, which no other process can take) and
+leftovers (an earlier run's files in work/, planted before a notebook's run and checked after it).
 """
 
 import sys
@@ -16,4 +18,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 # Only the root conftest.py may load plugins this way.
-pytest_plugins = ["harness.nothing_left_behind", "harness.units_of_work", "harness.timing"]
+pytest_plugins = [
+    "harness.nothing_left_behind",
+    "harness.units_of_work",
+    "harness.timing",
+    "harness.unix_socket_kernels",
+    "harness.leftovers",
+]

@@ -30,6 +30,8 @@ from pygments.lexers import get_lexer_for_filename
 from pygments.util import ClassNotFound
 from traitlets.config import Config
 
+import make_slides
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "site"
 # The decks live in slides/ of the site, with the libraries they load; the pages load the same.
@@ -169,11 +171,14 @@ def render_text(path: str, page: str) -> tuple[str, str]:
 
 
 def build_decks(out: Path) -> None:
-    """The decks, with the libraries they load, in slides/ of the site (the local copies that
-    `make slides` installed are linked, not fetched again)."""
+    """The decks, with the libraries they load, in slides/ of the site: the local copies in
+    build/slides/vendor (where `make slides` keeps them, fetched there once if they are not yet)
+    are linked, not fetched again."""
     vendor, built = out / SLIDES / "vendor", ROOT / "build" / "slides" / "vendor"
-    if built.is_dir() and not vendor.exists() and out.resolve() != (ROOT / "build" / "slides").resolve():
-        shutil.copytree(built, vendor, copy_function=os.link)
+    if vendor.resolve() != built.resolve():
+        make_slides.install_vendor(built)
+        if not vendor.exists():
+            shutil.copytree(built, vendor, copy_function=os.link)
     subprocess.run([sys.executable, str(ROOT / "tools" / "make_slides.py"), "--out", str(out / SLIDES)], check=True)
 
 

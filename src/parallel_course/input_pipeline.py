@@ -70,19 +70,27 @@ class SeededNoisyCopies(NoisyCopies):
 def timed_steps(batches: Iterable, step: Callable, steps: int) -> dict[str, float]:
     """Run ``step(batch)`` on the first ``steps`` batches after a warm-up batch (the first one
     also pays for starting workers) and time, separately, the waits for the next batch and the
-    steps. Returns seconds per step: ``wait``, ``compute``, ``total``, and ``wait_share``."""
+    steps. Returns seconds per step: ``wait``, ``compute``, ``total``, and ``wait_share``; and
+    ``compute_cpu``, the CPU time the calling thread spent in the steps (what a step needs: a busy
+    machine lengthens its wall time only)."""
     it = iter(batches)
     step(next(it))
-    wait = compute = 0.0
+    wait = compute = cpu = 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
         batch = next(it)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         step(batch)
-        t2 = time.perf_counter()
-        wait, compute = wait + t1 - t0, compute + t2 - t1
+        t2, c2 = time.perf_counter(), time.thread_time()
+        wait, compute, cpu = wait + t1 - t0, compute + t2 - t1, cpu + c2 - c1
     total = wait + compute
-    return {"wait": wait / steps, "compute": compute / steps, "total": total / steps, "wait_share": wait / total}
+    return {
+        "wait": wait / steps,
+        "compute": compute / steps,
+        "total": total / steps,
+        "wait_share": wait / total,
+        "compute_cpu": cpu / steps,
+    }
 
 
 def host_to_device_seconds(numel: int, pinned: bool, device: str = "cuda", repeats: int = 20) -> dict[str, float]:

@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,18 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def core_share(seconds: float = 0.05) -> float:
+    """The part of ``seconds`` of wall time in which a busy loop in this thread had a core: about 1
+    when the machine has one free for this process, less when other work holds the cores (or this
+    process's other threads hold Python's lock). What a claim about speed needs before it is
+    asserted: the speed the machine shows depends on it."""
+    wall_end = time.perf_counter() + seconds
+    cpu_start, wall_start = time.thread_time(), time.perf_counter()
+    while time.perf_counter() < wall_end:
+        pass
+    return min(1.0, (time.thread_time() - cpu_start) / (time.perf_counter() - wall_start))
 
 
 def describe() -> Machine:

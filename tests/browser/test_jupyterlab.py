@@ -1,18 +1,20 @@
 """A student's view: JupyterLab in a real browser runs the course's notebooks.
 
-JupyterLab starts from the course environment on 127.0.0.1 with a token and isolated Jupyter
-config/data/runtime/settings folders, on copies of notebooks (so nothing in the checkout
-changes). Headless Chromium opens a notebook, waits for the kernel, runs all cells and waits
-until every cell has run (its prompt shows a number: the kernel's status alone reads "Idle" for
-a moment between two cells). Then:
+JupyterLab starts from the course environment on 127.0.0.1 (a port the server takes itself) with
+a token and isolated Jupyter config/data/runtime/settings folders, on a copy of chapter 00 (so
+nothing in the checkout changes), its stored outputs cleared, with every other lecture's explorer
+cell appended. Headless Chromium opens it, waits for the kernel, runs all cells and waits until
+every cell has run (its prompt shows a number: the kernel's status alone reads "Idle" for a moment
+between two cells). Then:
 
-- chapter 00 as it is: printed output and a `!torchrun` cell's output appear, and moving the
-  placement slider with the keyboard changes the kernel-computed placement;
-- every explorer of the course (00, 01, 03, 07, 08, 11, 14a), taken verbatim from its lecture: moving one
-  control changes what the kernel computes and shows (text or figure), not just the slider.
+- chapter 00's printed output and its `!torchrun` cell's output appear, and moving the placement
+  slider with the keyboard changes the kernel-computed placement;
+- every other explorer of the course (01, 03, 07, 08, 11, 14a), taken verbatim from its lecture:
+  moving one control changes what the kernel computes and shows (text or figure), not just the
+  slider.
 
-Waits are conditions with generous deadlines, so a loaded machine makes the test slower, never
-red. Screenshots go to build/test-artifacts/.
+One server, one kernel, one browser for all of it. Waits are conditions with generous deadlines,
+so a loaded machine makes the test slower, never red. Screenshots go to build/test-artifacts/.
 """
 
 import json
@@ -20,9 +22,9 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -34,7 +36,6 @@ from browser import ARTIFACTS, ROOT, chromium_or_skip, is_local, launch
 from parallel_course.launch import _kill_group
 
 NOTEBOOK = "00_setup_check.ipynb"
-EXPLORERS = "explorers.ipynb"
 # Each explorer: the lecture it lives in, the call that builds it, the control the test moves.
 EXPLORER_CELLS = [
     ("00_setup_check.ipynb", "placement_explorer(", "processes"),
@@ -62,39 +63,64 @@ from parallel_course.explorers import (
 SLOW = 180_000  # ms
 
 
-def explorer_notebook() -> nbformat.NotebookNode:
-    """One notebook holding every lecture's explorer cell, verbatim, after the imports they need."""
-    cells = [nbformat.v4.new_code_cell(EXPLORER_IMPORTS)]
+def explorer_cell(lecture: str, call: str) -> str:
+    source = [
+        c.source
+        for c in nbformat.read(ROOT / "notebooks" / lecture, as_version=4).cells
+        if c.cell_type == "code" and call in c.source
+    ]
+    assert len(source) == 1, f"{lecture}: expected one cell calling {call}, found {len(source)}"
+    return source[0]
+
+
+def served_notebook() -> tuple[nbformat.NotebookNode, list[int]]:
+    """Chapter 00 with its outputs cleared (what the test sees, the run made), then every other
+    lecture's explorer cell, verbatim, after the imports they need; and the index among the code
+    cells of each explorer of EXPLORER_CELLS."""
+    nb = nbformat.read(ROOT / "notebooks" / NOTEBOOK, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(EXPLORER_IMPORTS))
     for lecture, call, _ in EXPLORER_CELLS:
-        source = [
-            c.source
-            for c in nbformat.read(ROOT / "notebooks" / lecture, as_version=4).cells
-            if c.cell_type == "code" and call in c.source
-        ]
-        assert len(source) == 1, f"{lecture}: expected one cell calling {call}, found {len(source)}"
-        cells.append(nbformat.v4.new_code_cell(source[0]))
-    nb = nbformat.v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    return nb
+        if lecture != NOTEBOOK:
+            nb.cells.append(nbformat.v4.new_code_cell(explorer_cell(lecture, call)))
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for cell in code:
+        cell.outputs, cell.execution_count = [], None
+    where = [next(i for i, c in enumerate(code) if call in c.source) for _, call, _ in EXPLORER_CELLS]
+    return nb, where
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def server_port(runtime: Path, server: subprocess.Popen, log: Path) -> int:
+    """The port the server took (it was told 0: the system hands out a free one at its bind, where
+    a port chosen here and bound by the server seconds later could be taken in between), from the
+    file the server writes once it listens."""
+    deadline = time.monotonic() + 60
+    while True:
+        for info in runtime.glob("jpserver-*.json"):
+            try:
+                return json.loads(info.read_text())["port"]
+            except (ValueError, KeyError):
+                # Being written: read again.
+                pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(log.read_text()[-3000:])
+        time.sleep(0.2)
 
 
 @pytest.fixture
 def jupyterlab(tmp_path):
-    """(base URL, token, folder served) of a JupyterLab stopped by PID at the end."""
+    """(base URL, token, index among the code cells of each explorer of EXPLORER_CELLS) of a
+    JupyterLab stopped by PID at the end."""
     chromium_or_skip()
     served = tmp_path / "course"
     served.mkdir()
-    shutil.copy(ROOT / "notebooks" / NOTEBOOK, served)
-    nbformat.write(explorer_notebook(), served / EXPLORERS)
-    jupyter = {name: tmp_path / name for name in ("config", "data", "runtime", "settings")}
+    notebook, where = served_notebook()
+    nbformat.write(notebook, served / NOTEBOOK)
+    jupyter = {name: tmp_path / name for name in ("config", "data", "settings")}
+    # Short: the kernel's sockets (Unix sockets, no TCP port to lose: tests/harness/unix_socket_kernels.py)
+    # sit beside its connection file, and a socket's path may not exceed about 100 bytes.
+    jupyter["runtime"] = Path(tempfile.mkdtemp(prefix="jupyterlab-"))
     for d in jupyter.values():
-        d.mkdir()
+        d.mkdir(exist_ok=True)
     # Render every cell, also those scrolled out of view, so the test can see every prompt.
     tracker = jupyter["settings"] / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
     tracker.parent.mkdir(parents=True)
@@ -112,25 +138,26 @@ def jupyterlab(tmp_path):
         JUPYTERLAB_SETTINGS_DIR=str(jupyter["settings"]),
         PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
     )
-    port, token = free_port(), secrets.token_hex(16)
+    token = secrets.token_hex(16)
     cmd = [
         sys.executable,
         "-m",
         "jupyterlab",
         "--no-browser",
         "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
+        "--ServerApp.port=0",
         "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={served}",
+        "--KernelManager.transport=ipc",
         "--KernelManager.transport_encryption=auto",
     ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(tmp_path / "jupyterlab.log", "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
     try:
+        base = f"http://127.0.0.1:{server_port(jupyter['runtime'], server, tmp_path / 'jupyterlab.log')}"
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -144,11 +171,12 @@ def jupyterlab(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{base}/api/contents", timeout=5)
         assert refused.value.code == 403
-        yield base, token, served
+        yield base, token, where
     finally:
         _kill_group(server.pid)  # the server, its kernels and their workers
         server.wait(timeout=30)
         log.close()
+        shutil.rmtree(jupyter["runtime"], ignore_errors=True)
 
 
 def open_and_run_all(page, base: str, token: str, name: str):
@@ -189,10 +217,10 @@ def move_slider(page, output, label: str) -> None:
     page.keyboard.press("ArrowLeft")
 
 
-def test_a_student_runs_a_notebook_in_jupyterlab(jupyterlab):
+def test_a_student_runs_a_notebook_and_every_explorer_in_jupyterlab(jupyterlab):
     from playwright.sync_api import expect, sync_playwright
 
-    base, token, _ = jupyterlab
+    base, token, where = jupyterlab
     outside = []
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -203,13 +231,14 @@ def test_a_student_runs_a_notebook_in_jupyterlab(jupyterlab):
 
         # The students' JupyterLab: no instructor menu, even after make test installed nbgrader.
         expect(page.get_by_role("menuitem", name="Nbgrader")).to_have_count(0)
-        # Printed output, and the output of a `!torchrun` cell.
+        # Printed output, and the output of a `!torchrun` cell, from this run (none was stored).
         expect(notebook.locator(".jp-OutputArea-output").first).to_be_visible()
         expect(notebook.get_by_text("OK: every rank holds the sum").first).to_be_visible()
 
-        # The placement slider: 2 -> 3 processes, and the kernel recomputes the placement.
-        slider = notebook.locator(".widget-hslider", has_text="processes").locator(".noUi-handle").first
-        view = slider.locator("xpath=ancestor::div[contains(@class,'jp-OutputArea-output')]")
+        code_cells = notebook.locator(".jp-CodeCell")
+        # Chapter 00's placement slider: 2 -> 3 processes, and the kernel recomputes the placement.
+        view = code_cells.nth(where[0]).locator(".jp-OutputArea-output").first
+        slider = view.locator(".widget-hslider", has_text="processes").locator(".noUi-handle").first
         expect(view).to_contain_text("rank 1: cpu")
         expect(view).not_to_contain_text("rank 2:")
         slider.scroll_into_view_if_needed()
@@ -217,23 +246,10 @@ def test_a_student_runs_a_notebook_in_jupyterlab(jupyterlab):
         page.keyboard.press("ArrowRight")
         expect(view).to_contain_text("rank 2: ", timeout=SLOW)
         page.screenshot(path=str(ARTIFACTS / "jupyterlab_widget.png"))
-        browser.close()
-    assert not outside, f"JupyterLab made requests that leave the machine: {outside}"
 
-
-def test_every_explorer_follows_its_control_in_jupyterlab(jupyterlab):
-    from playwright.sync_api import expect, sync_playwright
-
-    base, token, _ = jupyterlab
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = launch(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        notebook = open_and_run_all(page, base, token, EXPLORERS)
-        outputs = notebook.locator(".jp-CodeCell").locator(".jp-OutputArea-output")
-        expect(outputs).to_have_count(len(EXPLORER_CELLS), timeout=SLOW)
-        for i, (lecture, _call, label) in enumerate(EXPLORER_CELLS):
-            output = outputs.nth(i)
+        # Every other lecture's explorer: one control moved, what the kernel shows changes.
+        for (lecture, _call, label), index in list(zip(EXPLORER_CELLS, where))[1:]:
+            output = code_cells.nth(index).locator(".jp-OutputArea-output").first
             expect(output.locator(".noUi-handle").first).to_be_visible(timeout=SLOW)
             before = computed_view(output)
             output.scroll_into_view_if_needed()
@@ -245,3 +261,4 @@ def test_every_explorer_follows_its_control_in_jupyterlab(jupyterlab):
                 page.wait_for_timeout(250)
             page.screenshot(path=str(ARTIFACTS / f"explorer_{lecture[:2]}.png"))
         browser.close()
+    assert not outside, f"JupyterLab made requests that leave the machine: {outside}"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.nothing_left_behind import RUN_MARK, RUN_OWNER, alive_marked_processes, kill_marked_processes
+from harness.nothing_left_behind import GRACE_VAR, RUN_MARK, RUN_OWNER, alive_marked_processes, kill_marked_processes
 from helpers import HARNESS_PATH, own_suite
 from parallel_course.launch import run_bounded
 
@@ -119,13 +119,20 @@ def test_stopping_the_suite_stops_its_launches(tmp_path, signum, workers):
         kill_marked_processes(mark)  # when the test failed: its launch must not outlive it
 
 
-def test_interrupting_a_cell_stops_its_torchrun(tmp_path):
-    from jupyter_client.manager import start_new_kernel
+def test_interrupting_a_cell_stops_its_torchrun(tmp_path, request):
+    from jupyter_client.manager import KernelManager
+
+    from harness.unix_socket_kernels import FOLDER, unix_socket_kernel_manager
 
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     env, mark = fresh_env(tmp_path)
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
+    # Over Unix sockets, as nbval's kernels in this run: no TCP port to lose while it starts.
+    km = unix_socket_kernel_manager(KernelManager, request.config.stash[FOLDER])(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    kc = km.client()
     try:
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
         msg_id = kc.execute(f"!{TORCHRUN} --standalone --nproc_per_node=2 sleeper.py")
         wait_for(lambda: len(list(tmp_path.glob("rank*"))) == 2, timeout=180, what="both workers to start")
         km.interrupt_kernel()  # what JupyterLab's stop button does
@@ -154,6 +161,9 @@ def test_a_run_that_leaves_a_process_behind_fails(tmp_path):
         """)
     )
     env, mark = fresh_env(tmp_path)
+    # The process never ends: the aftermath's grace for processes that are ending would be waited
+    # in full.
+    env[GRACE_VAR] = "1"
     result = run_bounded(
         [sys.executable, "-m", "pytest", *inner_suite(tmp_path, "test_forgets_a_process.py")],
         timeout=180,

@@ -7,13 +7,16 @@ by one worker:
 - notebooks of one folder that write scripts of the same name into its ``work/`` folder (each
   its own version: they would overwrite each other's) form one unit, found from the notebooks'
   ``%%writefile`` cells;
-- a test whose parameter id is ``in_unit_of(path)`` runs in the unit of ``path``, after it
-  (tests/launches/test_rerun.py runs a notebook again in the same ``work/`` folder).
+- a test whose parameter id is ``in_unit_of(path)`` runs in the unit of ``path``, after it (a
+  test that reads what a notebook or another test file leaves, on the worker that made it).
 
 The order work is handed out in, cheap first so that a mistake shows in seconds: tests marked
 ``first`` (the lint); the other tests; the notebooks; then the ``heavy`` tests, which launch many
 jobs (torchrun, notebooks, a browser). Every test in a folder of ``HEAVY_FOLDERS`` is heavy; a
-test elsewhere says so with the marker.
+test elsewhere says so with the marker. The heavy units go out longest first, by the seconds a
+full run measured (``SECONDS``, the timing report's lines; a unit it does not name comes first,
+as if the longest), so that the two workers end together instead of one running the last long
+unit alone.
 """
 
 import os
@@ -37,6 +40,9 @@ MARKERS = (
     "(tests/harness/units_of_work.py); every test in tests/launches, tests/browser, tests/harness is",
 )
 NOTEBOOKS_RUN = pytest.StashKey[set[str]]()
+# The time report of a full run (tests/harness/timing.py): "  123.4 s  path" per file or notebook.
+SECONDS = Path(__file__).with_name("seconds.txt")
+REPORT_LINE = re.compile(r"^\s*(\d+(?:\.\d+)?) s  (\S+)$")
 
 
 def in_unit_of(path: str) -> str:
@@ -111,6 +117,35 @@ def rank(item) -> int:
     return 1
 
 
+def measured_seconds(text: str) -> dict[str, float]:
+    """Seconds per test file or notebook, from the lines of a time report."""
+    found = {}
+    for line in text.splitlines():
+        match = REPORT_LINE.match(line)
+        if match and ("/" in match.group(2) or match.group(2).endswith((".py", ".ipynb"))):
+            found[match.group(2)] = float(match.group(1))
+    return found
+
+
+def handed_out(items: list, units: "UnitsOfWork", seconds: dict[str, float]) -> list:
+    """``items`` in the order work is handed out: by rank; the heavy units longest first (a unit
+    ``seconds`` does not name first of all); each unit's items together and in their order."""
+    cost: dict[str, float] = defaultdict(float)
+    for path, s in seconds.items():
+        cost[units.of(f"{path}::")] += s
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(units.of(item.nodeid), index)
+
+    def key(indexed):
+        index, item = indexed
+        unit, r = units.of(item.nodeid), rank(item)
+        longest_first = -cost.get(unit, float("inf")) if r == 3 else 0
+        return r, longest_first, first_seen[unit], index
+
+    return [item for _, item in sorted(enumerate(items), key=key)]
+
+
 def notebooks_run(config) -> set[str]:
     """The notebooks whose cells this process has run so far (a worker: its own only)."""
     return config.stash.setdefault(NOTEBOOKS_RUN, set())
@@ -125,8 +160,8 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if is_heavy_folder(item.nodeid.split("::", 1)[0]):
             item.add_marker("heavy")
-    # Stable: the order inside each rank is kept.
-    items.sort(key=rank)
+    seconds = measured_seconds(SECONDS.read_text()) if SECONDS.is_file() else {}
+    items[:] = handed_out(items, UnitsOfWork(config.rootpath), seconds)
 
 
 def pytest_runtest_call(item):

@@ -3,8 +3,9 @@
 - a worker that crashes at a random step, or is SIGKILLed from outside at a random moment, under
   ``torchrun --max-restarts=1``: the job resumes from its checkpoint and its final weights equal
   the uninterrupted run's, bit for bit (``PARALLEL_COURSE_FAULT_TRIALS`` trials of each, default 2);
-- the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (chapter 10: a fresh store every round,
-  the script's plain ``init_process_group`` path);
+  the first crash trial runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (chapter 10: a fresh
+  store every round, the script's plain ``init_process_group`` path), the others with torchrun's
+  shared store, as the SIGKILL trials do;
 - a hung rank: the others fail within the configured ``--timeout``;
 - two jobs started at the same time on this machine both succeed (no port collision);
 - a checkpoint folder that is a file, a truncated, corrupted or foreign checkpoint: one line on
@@ -139,7 +140,11 @@ def trial_rng():
 def test_crash_at_a_random_step_resumes_exactly(reference, tmp_path, request, trial):
     rng, seed = trial_rng()
     step, rank = rng.randint(1, STEPS), rng.randint(0, 1)
-    print(f"\n{request.node.name}: crash of rank {rank} in step {step} of {STEPS} (seed {seed})")
+    # torchrun gives every round a new store (as the cluster files set it): the workers are told
+    # TORCHELASTIC_USE_AGENT_STORE=False and join plainly.
+    fresh_store = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if trial == 0 else {}
+    store = "a fresh store every round" if fresh_store else "torchrun's shared store"
+    print(f"\n{request.node.name}: crash of rank {rank} in step {step} of {STEPS}, {store} (seed {seed})")
     job = Launch(
         torchrun_cmd(
             *TRAIN,
@@ -152,10 +157,11 @@ def test_crash_at_a_random_step_resumes_exactly(reference, tmp_path, request, tr
             "--fail-rank",
             rank,
             restarts=1,
-        )
+        ),
+        **fresh_store,
     )
     rc, out, err, _ = job.finish()
-    what = f"crash of rank {rank} in step {step} (seed {seed})"
+    what = f"crash of rank {rank} in step {step}, {store} (seed {seed})"
     assert rc == 0, f"{what}: torchrun exited {rc}:\n{err[-3000:]}"
     assert f"injected failure: rank {rank} in step {step}" in err, what
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -193,34 +199,6 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, tmp_path, request
     metrics = json.loads((out / "out" / "metrics.json").read_text())
     assert metrics["restarts"] == 1, f"{what}: the job was not restarted: {metrics}"
     assert_bit_equal(reference["out"], out / "out", what)
-    assert not survivors(str(tmp_path)), "processes outlived the job"
-
-
-def test_crash_resumes_exactly_with_a_fresh_store_every_round(reference, tmp_path):
-    """torchrun gives every round a new store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as the cluster
-    files set it): the workers are told TORCHELASTIC_USE_AGENT_STORE=False and join plainly."""
-    step = STEPS // 2 + 1
-    job = Launch(
-        torchrun_cmd(
-            *TRAIN,
-            "--out",
-            tmp_path / "out",
-            "--checkpoint-dir",
-            tmp_path / "ckpt",
-            "--fail-at-step",
-            step,
-            "--fail-rank",
-            1,
-            restarts=1,
-        ),
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-    )
-    rc, _, err, _ = job.finish()
-    assert rc == 0, f"torchrun exited {rc}:\n{err[-3000:]}"
-    assert f"injected failure: rank 1 in step {step}" in err
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["restarts"] == 1 and metrics["steps"] == STEPS, metrics
-    assert_bit_equal(reference["out"], tmp_path / "out", "a crash with a fresh store every round")
     assert not survivors(str(tmp_path)), "processes outlived the job"
 
 
@@ -302,23 +280,46 @@ def one_line_error(result, *words):
         assert word in errors[0], errors[0]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "corrupted", "foreign"])
-def test_a_bad_checkpoint_is_a_one_line_error(checkpoint, tmp_path, damage):
-    good, args = checkpoint
-    ckpt_dir = tmp_path / "ckpt"
-    ckpt_dir.mkdir()
+def damaged(good: Path, damage: str, ckpt_dir: Path) -> bytes:
+    """``good``'s bytes, damaged so (a foreign checkpoint is a good one of another run: the seed
+    differs), written as ``ckpt_dir``/last.pt."""
     data = good.read_bytes()
     if damage == "truncated":
         data = data[: len(data) // 2]
     elif damage == "corrupted":
         data = bytes(b ^ 0x5A for b in data)
+    ckpt_dir.mkdir()
     (ckpt_dir / "last.pt").write_bytes(data)
-    seed = ["--seed", "99"] if damage == "foreign" else []  # a checkpoint of another run
-    result = python_run(*args, *seed, "--out", tmp_path / "out", "--checkpoint-dir", ckpt_dir)
+    return data
+
+
+def test_a_bad_checkpoint_is_a_one_line_error(checkpoint, tmp_path):
+    """The command line, launched: one line, nothing written, no training. Every kind of damage
+    goes through the one check before training, in this process below."""
+    good, args = checkpoint
+    data = damaged(good, "truncated", tmp_path / "ckpt")
+    result = python_run(*args, "--out", tmp_path / "out", "--checkpoint-dir", tmp_path / "ckpt")
     one_line_error(result, "checkpoint", "last.pt")
-    assert (ckpt_dir / "last.pt").read_bytes() == data, "the checkpoint was changed"
-    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["last.pt"], "a new checkpoint was written"
+    assert (tmp_path / "ckpt" / "last.pt").read_bytes() == data, "the checkpoint was changed"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.pt"], "a new checkpoint was written"
     assert not (tmp_path / "out" / "final.pt").exists(), "it trained from scratch"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted", "foreign"])
+def test_every_bad_checkpoint_is_refused_in_one_line(train_ddp, checkpoint, tmp_path, monkeypatch, damage):
+    good, args = checkpoint
+    data = damaged(good, damage, tmp_path / "ckpt")
+    seed = ["--seed", "99"] if damage == "foreign" else []
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    parsed = train_ddp.parse_args(
+        [*args, *seed, "--out", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        train_ddp.load_checkpoint(parsed, torch.device("cpu"))
+    message = str(exit_info.value.code)
+    assert message.startswith("train_ddp.py: error: ") and "\n" not in message, message
+    assert "checkpoint" in message and "last.pt" in message, message
+    assert (tmp_path / "ckpt" / "last.pt").read_bytes() == data, "the checkpoint was changed"
 
 
 @pytest.fixture(scope="module")

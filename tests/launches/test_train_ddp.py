@@ -1,7 +1,8 @@
 """scripts/train_ddp.py, the reference script (chapter 04's c04_train_ddp.py, grown in chapter 09).
 
-- the same final weights (within 1e-5) at world sizes 1 (plain python), 2 and 4 (torchrun)
-  with the same global batch, and a well-formed metrics.json whose loss falls;
+- the same final weights (within 1e-5) at world sizes 1 (plain python) and 4 (torchrun) with the
+  same global batch, and a well-formed metrics.json whose loss falls (world size 2 against 1:
+  notebook 10, over two emulated nodes, within 1e-6);
 - bad arguments end in one line on stderr and a non-zero exit; --help exits 0.
 """
 
@@ -23,10 +24,10 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Output folders of the runs at world sizes 1, 2 and 4."""
+    """Output folders of the runs at world sizes 1 and 4."""
     base = tmp_path_factory.mktemp("train_ddp")
     outs = {}
-    for world_size, nproc in [(1, None), (2, 2), (4, 4)]:
+    for world_size, nproc in [(1, None), (4, 4)]:
         out = base / f"n{world_size}"
         result = launch(job_command(SCRIPT, nproc, *TRAIN_ARGS, "--out", out))
         assert result.returncode == 0, result.stderr[-3000:]
@@ -39,7 +40,7 @@ def weights(out):
     return {k: v for k, v in state.items()}
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [4])
 def test_same_weights_as_one_process(runs, world_size):
     one, many = weights(runs[1]), weights(runs[world_size])
     assert one.keys() == many.keys() == {"linear.weight", "linear.bias"}
@@ -47,7 +48,7 @@ def test_same_weights_as_one_process(runs, world_size):
     assert diff <= TOLERANCE, f"world size {world_size}: max |dW| = {diff:.3g} > {TOLERANCE}"
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("world_size", [1, 4])
 def test_metrics_json(runs, world_size):
     metrics = json.loads((runs[world_size] / "metrics.json").read_text())
     assert metrics["world_size"] == world_size

@@ -56,6 +56,22 @@ def test_timed_steps_tells_waiting_from_computing():
     calls = []
     t = timed_steps(slow_batches(), lambda batch: calls.append(batch), steps=3)
     assert len(calls) == 4  # one warm-up batch, then the timed steps
-    assert t["wait"] >= 0.02 and t["compute"] < t["wait"]
+    # The steps' CPU time: a busy machine can pause this process mid-step, never make it compute more.
+    assert t["wait"] >= 0.02 and t["compute_cpu"] < t["wait"]
     assert t["total"] == pytest.approx(t["wait"] + t["compute"])
     assert t["wait_share"] == pytest.approx(t["wait"] / t["total"])
+
+
+def test_timed_steps_tells_the_steps_cpu_time_from_their_wall_time():
+    """A step that sleeps takes wall time and no CPU (as a step whose core another process holds);
+    one that computes takes CPU. Both hold on a busy machine: load lengthens the wall time only."""
+
+    def spin(batch):
+        end = time.thread_time() + 0.01
+        while time.thread_time() < end:
+            pass
+
+    sleeping = timed_steps(iter(range(4)), lambda batch: time.sleep(0.02), steps=3)
+    computing = timed_steps(iter(range(4)), spin, steps=3)
+    assert sleeping["compute"] >= 0.02 and sleeping["compute_cpu"] < 0.005
+    assert computing["compute"] >= computing["compute_cpu"] >= 0.01

@@ -159,3 +159,28 @@ def test_the_kernel_uses_gpus_only_where_they_can_be_shared(monkeypatch, cuda, m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(machine, "nvidia_smi", lambda *fields: modes)
     assert machine.kernel_may_use_gpus() is expected
+
+
+def test_core_share_is_the_part_of_the_time_a_busy_loop_had_a_core():
+    """Shared with another thread of this process that never lets go (Python's lock changes hands
+    every few milliseconds), the loop has its core for about half the time at best, loaded machine
+    or not: the measure is not fooled into calling that quiet."""
+    import threading
+
+    from parallel_course.machine import core_share
+
+    assert 0 < core_share(0.02) <= 1
+    stop = threading.Event()
+
+    def hold_the_lock():
+        while not stop.is_set():
+            pass
+
+    rival = threading.Thread(target=hold_the_lock)
+    rival.start()
+    try:
+        shared = core_share(0.2)
+    finally:
+        stop.set()
+        rival.join()
+    assert shared < 0.8, shared
