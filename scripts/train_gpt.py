@@ -389,7 +389,10 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
         # it. DDP and FSDP average gradients over the ranks sharing the batch (dp, or cp), hence their number.
         global_count = (y != IGNORE).sum()
         dist.all_reduce(global_count, group=batch_group)
-        scale = (1 if args.slip == "no-dp-factor" else meshes.batch.size()) / global_count.item()
+        scale = meshes.batch.size() / global_count.item()
+        if args.slip == "no-dp-factor":
+            # A negative control: one process's scale, which DDP's average makes N times too small.
+            scale = 1 / global_count.item()
         saved, first = SavedActivations(model), step == args.start_step
         load = ExpertLoad(model, args.aux_loss_weight, args.grad_accum, batch_group) if args.moe_experts else None
         # The first step of a tensor-parallel layout also counts the collectives of every module.

@@ -35,8 +35,11 @@ def is_expert(name: str) -> bool:
 
 
 def square_sums(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sums of squares of this rank's gradients, (dense part, experts), each DTensor's whole:
-    reduced over the mesh dimensions its placements split it on, once per mesh and placement."""
+    """The sums of squares of this rank's gradients, (dense part, experts), each DTensor's whole.
+    DTensor squares and sums a gradient into a scalar that is Partial over the mesh dimensions whose
+    ranks hold other pieces of it (Shard: FSDP's and tensor parallelism's pieces) and Replicate over
+    those that hold copies; the partial sums are added up by mesh and placements, then all-reduced
+    over each Partial dimension, once per group."""
     device = next(model.parameters()).device
     plain = {False: torch.zeros((), device=device), True: torch.zeros((), device=device)}
     # DTensor's squares by (expert?, mesh, placements): added up first, then reduced once a group.
@@ -52,8 +55,12 @@ def square_sums(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
             spread[key] = spread[key] + square if key in spread else square
         else:
             plain[is_expert(name)] += square
-    for (expert, _, _), square in spread.items():
-        plain[expert] += square.full_tensor()
+    for (expert, mesh, placements), square in spread.items():
+        total = square.to_local()
+        for dim, placement in enumerate(placements):
+            if placement.is_partial():
+                dist.all_reduce(total, group=mesh.get_group(dim))
+        plain[expert] += total
     return plain[False], plain[True]
 
 
