@@ -90,8 +90,6 @@ def test_a_nonfinite_gradient_gives_an_infinite_norm(group_of_one):
     gn.inject_nonfinite(model)
     assert math.isnan(model.a.grad[0].item())
     assert gn.gradient_norm(model).item() == math.inf
-    assert gn.agreed(torch.tensor(math.inf)).item() == math.inf
-    assert gn.agreed(torch.tensor(2.0)).item() == 2.0
 
 
 # --- several ranks simulated in this process ---------------------------------------------------

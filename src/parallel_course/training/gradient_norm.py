@@ -28,10 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-
-def is_expert(name: str) -> bool:
-    """Whether a parameter (by its name in the model) belongs to an expert of a mixture of experts."""
-    return ".experts." in name
+# What the name of an expert's parameter holds (blocks.0.mlp.experts.3.fc.weight).
+EXPERT = ".experts."
 
 
 def square_sums(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,10 +49,10 @@ def square_sums(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         # squared: DTensor's pow does that redistribution itself.
         square = p.grad.float().pow(2).sum()
         if isinstance(square, DTensor):
-            key = (is_expert(name), square.device_mesh, square.placements)
+            key = (EXPERT in name, square.device_mesh, square.placements)
             spread[key] = spread[key] + square if key in spread else square
         else:
-            plain[is_expert(name)] += square
+            plain[EXPERT in name] += square
     for (expert, mesh, placements), square in spread.items():
         total = square.to_local()
         for dim, placement in enumerate(placements):
@@ -74,11 +72,9 @@ def gradient_norm(model: torch.nn.Module, meshes=None) -> torch.Tensor:
     total = dense + experts
     if meshes is not None and meshes.size("pp") > 1:
         dist.all_reduce(total, group=meshes["pp"].get_group())
-    return agreed(total.sqrt())
-
-
-def agreed(norm: torch.Tensor) -> torch.Tensor:
-    """The same norm on every rank: the largest of the world's, a non-finite one (NaN as inf) winning."""
+    # The same number on every rank, even where one rank's copy of a gradient went bad alone: the
+    # largest of the world's, a non-finite one (NaN made inf) winning.
+    norm = total.sqrt()
     norm = torch.where(norm.isfinite(), norm, torch.full_like(norm, math.inf))
     dist.all_reduce(norm, op=dist.ReduceOp.MAX)
     return norm
@@ -113,7 +109,7 @@ def _local_square_sums(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tens
     for name, p in model.named_parameters():
         if p.grad is not None:
             piece = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            sums[is_expert(name)] += piece.float().pow(2).sum()
+            sums[EXPERT in name] += piece.float().pow(2).sum()
     return sums[0], sums[1]
 
 
