@@ -11,11 +11,12 @@ single process's up to float rounding, also with problems of mixed lengths (`--v
 and gradients accumulated over micro-batches (`--grad-accum K`): so are the norms of the whole
 model's gradient, which it computes every step in every layout, every parameter counted once
 (parallel_course.training.gradient_norm). `--clip-grad-norm C` clips by that norm, the same factor
-on every rank, and a step whose norm is not finite is skipped by every rank alike. Writes
-metrics.json (losses, gradient norms, parameters and memory per rank, the sharding, the collectives
-of one tensor-parallel block, the throughput: tokens/s and model FLOP/s) and final.pt (the whole
-model, from rank 0) to --out. With `--mfu` every process also measures its matrix-product peak, and
-the last line gives the model FLOPs utilisation against their sum.
+on every rank, and a step whose norm is not finite is skipped by every rank alike (`--slip` and
+`--inject-nonfinite-step` make a known mistake or a fault on purpose: the course's negative
+controls). Writes metrics.json (losses, gradient norms, parameters and memory per rank, the
+sharding, the collectives of one tensor-parallel block, the throughput: tokens/s and model FLOP/s)
+and final.pt (the whole model, from rank 0) to --out. With `--mfu` every process also measures its
+matrix-product peak, and the last line gives the model FLOPs utilisation against their sum.
 
 With `--checkpoint-dir`, it saves a checkpoint every `--checkpoint-every` steps, and when the job
 is preempted (SIGTERM or SIGUSR1); `--resume` continues from one in any layout and world size.
@@ -357,10 +358,9 @@ def optimizer_step(args, model, meshes, optimizer, step: int) -> float | None:
 
 
 def train(args, model, wrapper, meshes, device) -> dict | None:
-    """The training loop from --resume's step (or 0) to --steps; returns the global mean loss and
-    gradient norm of every step it trained, this rank's memory, the collectives of one block in its
-    first step, what checkpointing cost, each step's expert load (with --moe-experts) and time; None
-    if preempted."""
+    """The training loop from --resume's step (or 0) to --steps; returns each step's global mean loss,
+    gradient norm, expert load (--moe-experts) and time, this rank's memory, the collectives of one
+    block in its first step, what checkpointing cost; None if preempted."""
     task = AdditionTask(args.digits, args.variable_length)
     # Every rank draws every global batch, and trains on its data-parallel share of it.
     data = torch.Generator().manual_seed(args.seed + 1)
@@ -374,8 +374,7 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
     if pipelined:
         schedule = pipeline_schedule(model, meshes, device, args.grad_accum, loss_scale, args.slip == "scale-grads")
     checkpoints = Checkpoints(args.checkpoint_dir, args.checkpoint_every, args.steps, args.async_checkpoint, device)
-    losses, norms, memory, collectives = [], [], {"parameter_bytes": nbytes(model.parameters())}, {}
-    expert_steps = []
+    losses, norms, memory, collectives, expert_steps = [], [], {"parameter_bytes": nbytes(model.parameters())}, {}, []
     log_every = max(1, args.steps // 10)
     # The module hooks that count collectives (step 1, below) warn that the token ids need no gradient.
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -390,9 +389,8 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
         global_count = (y != IGNORE).sum()
         dist.all_reduce(global_count, group=batch_group)
         scale = meshes.batch.size() / global_count.item()
-        if args.slip == "no-dp-factor":
-            # A negative control: one process's scale, which DDP's average makes N times too small.
-            scale = 1 / global_count.item()
+        # A negative control: one process's scale, which DDP's average makes N times too small.
+        scale /= meshes.batch.size() if args.slip == "no-dp-factor" else 1
         saved, first = SavedActivations(model), step == args.start_step
         load = ExpertLoad(model, args.aux_loss_weight, args.grad_accum, batch_group) if args.moe_experts else None
         # The first step of a tensor-parallel layout also counts the collectives of every module.
