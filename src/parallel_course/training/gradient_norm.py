@@ -157,7 +157,7 @@ def norms_added(model, meshes) -> torch.Tensor:
     return norm
 
 
-# Each slip's norm, by the name train_gpt.py --slip takes, and the layouts that can show it.
+# Each slip's norm, by the name train_gpt.py --slip takes (its check() refuses a layout that cannot show it).
 SLIPS = {
     "local-norm": local_norm,
     "replicas-counted": replicas_counted,
