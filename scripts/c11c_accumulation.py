@@ -6,8 +6,9 @@ Trains with train_gpt.py's own functions (beside this file, with dist_setup.py) 
 for (ddp, fsdp, tp, 2d) on 4 processes with 1, 2 and 4 micro-batches per step, on problems of
 mixed lengths; then fsdp with 4 micro-batches reducing after every one. One process group serves
 every run: one launch, not one per run; the runs of one shape share its device mesh. Rank 0 writes
-each run's losses, the gradient bytes a rank held between micro-batches and the reduce-scatters
-FSDP sent per step (counted by parallel_course.communication.CollectiveCounter), as JSON.
+each run's losses and gradient norms, the gradient bytes a rank held between micro-batches and the
+reduce-scatters FSDP sent per step (counted by parallel_course.communication.CollectiveCounter), as
+JSON.
 """
 
 import argparse
@@ -29,7 +30,8 @@ MICRO_BATCHES = (1, 2, 4)
 
 
 def run(layout: str, options: list[str], device) -> dict:
-    """One training of train_gpt.py, in this process group: its losses and what it held and sent."""
+    """One training of train_gpt.py, in this process group: its losses, its gradient norms and what it
+    held and sent."""
     args = train_gpt.parse_args(["--parallel", layout, *options, "--out", "unused"])
     meshes, model, wrapper = train_gpt.prepare(args, device)
     # train() logs every step; the runs' logs would drown the table the notebook prints.
@@ -41,6 +43,7 @@ def run(layout: str, options: list[str], device) -> dict:
         "micro_batches": args.grad_accum,
         "sync_every_micro_batch": args.sync_every_micro_batch,
         "losses": trained["losses"],
+        "gradient_norms": trained["gradient_norms"],
         "parameter_bytes": memory["parameter_bytes"],
         "gradient_bytes": memory["gradient_bytes"],
         "gradient_bytes_between_micro_batches": memory["gradient_bytes_between_micro_batches"],

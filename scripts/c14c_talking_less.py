@@ -6,11 +6,13 @@
 --mode hooks: DDP with its default all-reduce, with fp16_compress_hook and with PowerSGD, from the
 same weights on the same data; bf16_compress_hook tried. --mode hsdp (4 processes): FSDP2 on a
 (replicate 2, shard 2) mesh and on all 4 ranks, against one process training on the whole batch,
-and HSDP with its data split by the shard coordinate only (the negative control). --mode
+and two negative controls: HSDP with its data split by the shard coordinate only, and HSDP whose
+gradients are divided by the shard group's size only, not the world's. --mode
 local-sgd: gradients averaged every step, then local SGD / DiLoCo syncing every H steps.
 Every collective each step calls is recorded (parallel_course.communication.CollectiveCounter);
-rank 0 prints a summary of each mode and writes its losses and counts (for hsdp, every rank's
-collectives of the last step) to OUT/MODE.json for the notebook to check. Several modes in one
+each step's gradient norm too (parallel_course.training.gradient_norm, its collectives not counted);
+rank 0 prints a summary of each mode and writes its losses, gradient norms and counts (for hsdp,
+every rank's collectives of the last step) to OUT/MODE.json for the notebook to check. Several modes in one
 launch share its start-up (most of a small launch's time).
 """
 
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 
 from dist_setup import setup, teardown
 from parallel_course.communication import CollectiveCounter, OuterStep, totals
+from parallel_course.training.gradient_norm import gradient_norm
 
 MODES = ("hooks", "hsdp", "local-sgd")
 
@@ -71,8 +74,9 @@ def per_step(calls_by_step):
 
 def train_counted(model, optimizer, args, sizes, device, index, parts):
     """args.steps steps, each on share ``index`` of ``parts`` of a global batch of args.batch rows per
-    rank, every collective counted: (this rank's losses, the calls of each step)."""
-    losses, calls = [], []
+    rank, every collective counted: (this rank's losses, the calls of each step, the whole gradient's
+    norm in each step, the same on every rank)."""
+    losses, calls, norms = [], [], []
     with CollectiveCounter() as counter:
         for step in range(args.steps):
             x, y = global_batch(step, args.batch * dist.get_world_size(), sizes, device)
@@ -80,10 +84,13 @@ def train_counted(model, optimizer, args, sizes, device, index, parts):
             optimizer.zero_grad()
             # DDP waits for every bucket's future (and its callbacks) before backward() returns.
             loss.backward()
+            calls.append(counter.clear())
+            # The norm's own collectives are the check's, not the training's: left out of the count.
+            norms.append(gradient_norm(model).item())
+            counter.clear()
             optimizer.step()
             losses.append(loss.item())
-            calls.append(counter.clear())
-    return losses, calls
+    return losses, calls, norms
 
 
 # --mode hooks
@@ -107,7 +114,7 @@ def train_ddp(hook_name, args, device, rank, world_size):
         )
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    losses, calls = train_counted(model, optimizer, args, sizes, device, rank, world_size)
+    losses, calls, _ = train_counted(model, optimizer, args, sizes, device, rank, world_size)
     shapes = [list(p.shape) for p in model.module.parameters()]
     return gathered_losses(losses, device).mean(0).tolist(), per_step(calls), shapes
 
@@ -157,7 +164,7 @@ def hooks(args, device, rank, world_size):
 
 def train_sharded(layout, args, device, rank, world_size):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     sizes = (32, 64, 64, 8)
     model = mlp(sizes, seed=args.seed, device=device)
@@ -172,15 +179,21 @@ def train_sharded(layout, args, device, rank, world_size):
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if layout == "hsdp, gradients / shard size":
+            # The negative control of the gradient's scale: divided by the 2 ranks of a shard group,
+            # as if the replicas were not averaging too; each gradient is then twice the average.
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_gradient_divide_factor(float(mesh["shard"].size()))
         # Each rank its own share of the batch: its global rank picks it. The negative control
         # picks it by the rank's coordinate on the shard dimension: both replicas take the same
         # rows, and half the batch is never used.
         data_index = mesh["shard"].get_local_rank() if layout == "hsdp, data by shard rank" else rank
         data_parts = world_size
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    losses, calls = train_counted(model, optimizer, args, sizes, device, data_index, data_parts)
+    losses, calls, norms = train_counted(model, optimizer, args, sizes, device, data_index, data_parts)
     if layout == "single":
-        return {"losses": losses}
+        return {"losses": losses, "gradient_norms": norms}
     parameters = [p for p in model.parameters()]
     # Every rank's collectives of the last step, to rank 0 (after the counting): which ring edges
     # carry them, and so which bytes cross between nodes, depends on every rank's sends.
@@ -192,6 +205,7 @@ def train_sharded(layout, args, device, rank, world_size):
     dist.all_gather_object(calls_by_rank, last_step)
     result = {
         "losses": gathered_losses(losses, device).mean(0).tolist(),
+        "gradient_norms": norms,
         "group_elements": [
             sum(p.numel() for p in layer.parameters()) for layer in model if isinstance(layer, nn.Linear)
         ],
@@ -204,7 +218,7 @@ def train_sharded(layout, args, device, rank, world_size):
 
 def hsdp(args, device, rank, world_size):
     runs = {}
-    for layout in ("single", "hsdp", "fsdp", "hsdp, data by shard rank"):
+    for layout in ("single", "hsdp", "fsdp", "hsdp, data by shard rank", "hsdp, gradients / shard size"):
         runs[layout] = train_sharded(layout, args, device, rank, world_size)
     if rank == 0:
         print(f"{world_size} ranks, {args.steps} AdamW steps, global batch {args.batch * world_size}")

@@ -8,11 +8,15 @@
 
 Every layout trains the same model on the same global batches, so its per-step losses equal the
 single process's up to float rounding, also with problems of mixed lengths (`--variable-length`)
-and gradients accumulated over micro-batches (`--grad-accum K`). Writes metrics.json (losses,
-parameters and memory per rank, the sharding, the collectives of one tensor-parallel block, the
-throughput: tokens/s and model FLOP/s) and final.pt (the whole model, from rank 0) to --out. With
-`--mfu` every process also measures its matrix-product peak, and the last line gives the model
-FLOPs utilisation against their sum.
+and gradients accumulated over micro-batches (`--grad-accum K`): so are the norms of the whole
+model's gradient, which it computes every step in every layout, every parameter counted once
+(parallel_course.training.gradient_norm). `--clip-grad-norm C` clips by that norm, the same factor
+on every rank, and a step whose norm is not finite is skipped by every rank alike (`--slip` and
+`--inject-nonfinite-step` make a known mistake or a fault on purpose: the course's negative
+controls). Writes metrics.json (losses, gradient norms, parameters and memory per rank, the
+sharding, the collectives of one tensor-parallel block, the throughput: tokens/s and model FLOP/s)
+and final.pt (the whole model, from rank 0) to --out. With `--mfu` every process also measures its
+matrix-product peak, and the last line gives the model FLOPs utilisation against their sum.
 
 With `--checkpoint-dir`, it saves a checkpoint every `--checkpoint-every` steps, and when the job
 is preempted (SIGTERM or SIGUSR1); `--resume` continues from one in any layout and world size.
@@ -45,6 +49,7 @@ from parallel_course.gpt import GPT, IGNORE, AdditionTask, GPTConfig, answer_los
 from parallel_course.throughput import describe
 from parallel_course.training.checkpointing import Checkpoints, checkpoint_step, latest_checkpoint, load_checkpoint
 from parallel_course.training.experts import ExpertLoad
+from parallel_course.training.gradient_norm import SLIPS, clip_gradients, gradient_norm, inject_nonfinite
 from parallel_course.training.layouts import LAYOUTS, help_table, layouts_that
 from parallel_course.training.parallelize import (
     gradient_sync,
@@ -64,6 +69,19 @@ from parallel_course.training.step_metrics import (
     optimizer_state_bytes,
     throughput,
 )
+
+# --slip: the mistakes made in the gradient itself (gradient_norm.SLIPS computes its norm wrong), and
+# for every slip the mesh dimension that must be above 1 for it to make a difference.
+GRADIENT_SLIPS = ("no-dp-factor", "scale-grads")
+SLIP_NEEDS = {
+    "no-dp-factor": "batch",
+    "scale-grads": "pp",
+    "local-norm": "world",
+    "replicas-counted": "world",
+    "stages-unreduced": "pp",
+    "experts-every-rank": "expert_dp",
+    "norms-added": "pp",
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -117,6 +135,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="W",
         help="--moe-experts: the load-balancing loss's weight in the training loss (default 0.01)",
     )
+    parser.add_argument(
+        "--clip-grad-norm",
+        type=float,
+        default=None,
+        metavar="C",
+        help="scale the gradients so that the whole model's gradient norm is at most C (default: no clipping)",
+    )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     parser.add_argument("--sequence-parallel", action="store_true", help="tp, 2d: split activations by position")
     parser.add_argument("--checkpoint-dir", type=Path, help="save checkpoints (step-NNNNNN folders) here")
@@ -134,6 +159,24 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="measure each process's float32 matmul peak after training, print the throughput and MFU (rank 0)",
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for metrics.json and final.pt")
+    controls = parser.add_argument_group("negative controls (a mistake or a fault on purpose: a check must catch it)")
+    controls.add_argument(
+        "--slip",
+        choices=[*GRADIENT_SLIPS, *SLIPS],
+        metavar="NAME",
+        help="a known mistake. The gradient off by a factor: no-dp-factor (the loss scale without the dp or cp "
+        "size), scale-grads (the pipeline's schedule divides by the micro-batches once more). Its norm computed "
+        "wrong: local-norm (a rank's own pieces), replicas-counted (copies counted on every rank), stages-unreduced, "
+        "experts-every-rank (experts counted on every replica), norms-added (the stages' norms added, not their "
+        "squares)",
+    )
+    controls.add_argument(
+        "--inject-nonfinite-step",
+        type=int,
+        default=None,
+        metavar="K",
+        help="in step K, the last rank's first gradient element becomes NaN: every rank must skip that step",
+    )
     args = parser.parse_args(argv)
     # Checked before the group is joined: a bad request is one line, before anything starts.
     problem = check(args, int(os.environ.get("WORLD_SIZE", "1")))
@@ -155,6 +198,10 @@ def check(args: argparse.Namespace, world_size: int) -> str | None:
         return f"--digits must be 1 to 4, got {args.digits}"
     if not args.lr > 0:
         return f"--lr must be positive, got {args.lr}"
+    if args.clip_grad_norm is not None and not args.clip_grad_norm > 0:
+        return f"--clip-grad-norm must be positive, got {args.clip_grad_norm}"
+    if args.inject_nonfinite_step is not None and not 1 <= args.inject_nonfinite_step <= args.steps:
+        return f"--inject-nonfinite-step must be a step from 1 to --steps {args.steps}"
     if layout.refusal(world_size):
         return layout.refusal(world_size)
     dims, experts = layout.dims(world_size), layout.expert_dims(world_size)
@@ -199,6 +246,11 @@ def check(args: argparse.Namespace, world_size: int) -> str | None:
             f"--global-batch-size {args.global_batch_size} is not divisible by the {dims['dp']} data-parallel ranks "
             f"x {args.grad_accum} micro-batches"
         )
+    if args.slip is not None:
+        need = SLIP_NEEDS[args.slip]
+        sizes = {"batch": dims["dp"] * dims.get("cp", 1), "world": world_size, **dims, **(experts or {})}
+        if sizes.get(need, 1) == 1:
+            return f"--slip {args.slip} changes nothing in --parallel {args.parallel} on {world_size}: no {need} ranks"
     if args.sync_every_micro_batch and not layout.defers_gradient_sync:
         return f"--sync-every-micro-batch needs --parallel {layouts_that('defers_gradient_sync')}, got {args.parallel}"
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
@@ -287,10 +339,28 @@ def pipeline_forward_backward(schedule, first_stage: bool, x, y, scale: float, l
     return sum(scaled) / scale
 
 
+def optimizer_step(args, model, meshes, optimizer, step: int) -> float | None:
+    """The step's update, once every gradient is reduced: the whole gradient's norm (the same on
+    every rank), clipping by it (--clip-grad-norm), AdamW's step; with a norm that is not finite, no
+    rank steps. Returns the norm before clipping, or None where it is not finite."""
+    if args.inject_nonfinite_step == step and dist.get_rank() == dist.get_world_size() - 1:
+        inject_nonfinite(model)
+    norm = SLIPS.get(args.slip, gradient_norm)(model, meshes)
+    finite = bool(norm.isfinite())
+    if finite:
+        if args.clip_grad_norm is not None:
+            clip_gradients(model, args.clip_grad_norm, norm)
+        optimizer.step()
+    elif dist.get_rank() == 0:
+        sys.stdout.write(f"step {step}/{args.steps}: gradient norm {norm.item()}: step skipped\n")
+    optimizer.zero_grad()
+    return norm.item() if finite else None
+
+
 def train(args, model, wrapper, meshes, device) -> dict | None:
-    """The training loop from --resume's step (or 0) to --steps; returns the global mean loss of
-    every step it trained, this rank's memory, the collectives of one block in its first step, what
-    checkpointing cost, each step's expert load (with --moe-experts) and time; None if preempted."""
+    """The training loop from --resume's step (or 0) to --steps; returns each step's global mean loss,
+    gradient norm, expert load (--moe-experts) and time, this rank's memory, the collectives of one
+    block in its first step, what checkpointing cost; None if preempted."""
     task = AdditionTask(args.digits, args.variable_length)
     # Every rank draws every global batch, and trains on its data-parallel share of it.
     data = torch.Generator().manual_seed(args.seed + 1)
@@ -302,9 +372,9 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
         load_checkpoint(args.resume, model, optimizer, data, weights_only)
     pipelined, loss_scale = meshes.size("pp") > 1, {}
     if pipelined:
-        schedule = pipeline_schedule(model, meshes, device, args.grad_accum, loss_scale)
+        schedule = pipeline_schedule(model, meshes, device, args.grad_accum, loss_scale, args.slip == "scale-grads")
     checkpoints = Checkpoints(args.checkpoint_dir, args.checkpoint_every, args.steps, args.async_checkpoint, device)
-    losses, memory, collectives, expert_steps = [], {"parameter_bytes": nbytes(model.parameters())}, {}, []
+    losses, norms, memory, collectives, expert_steps = [], [], {"parameter_bytes": nbytes(model.parameters())}, {}, []
     log_every = max(1, args.steps // 10)
     # The module hooks that count collectives (step 1, below) warn that the token ids need no gradient.
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -319,6 +389,8 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
         global_count = (y != IGNORE).sum()
         dist.all_reduce(global_count, group=batch_group)
         scale = meshes.batch.size() / global_count.item()
+        # A negative control: one process's scale, which DDP's average makes N times too small.
+        scale /= meshes.batch.size() if args.slip == "no-dp-factor" else 1
         saved, first = SavedActivations(model), step == args.start_step
         load = ExpertLoad(model, args.aux_loss_weight, args.grad_accum, batch_group) if args.moe_experts else None
         # The first step of a tensor-parallel layout also counts the collectives of every module.
@@ -337,8 +409,7 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
             collectives = block_collectives(comms)
         # A mixture of experts: ep's gradients reduced by hand, the step's load and auxiliary loss noted.
         expert_steps += [load.step(meshes.experts)] if load is not None else []
-        optimizer.step()
-        optimizer.zero_grad()
+        norms.append(optimizer_step(args, model, meshes, optimizer, step + 1))
         if pipelined:
             # Only the last stage computed the loss: every rank reports it.
             dist.broadcast(loss_sum, group=meshes["pp"].get_group(), group_src=meshes.size("pp") - 1)
@@ -355,8 +426,8 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
         checkpoints.save(0, model, optimizer, data)
     checkpoints.wait()
     memory["optimizer_state_bytes"] = optimizer_state_bytes(optimizer)
-    run = {"losses": losses, "memory": memory, "collectives_per_block": collectives, "expert_steps": expert_steps}
-    return {**run, "checkpoints": checkpoints.saves, "step_times_s": clock.step_times_s}
+    run = {"losses": losses, "gradient_norms": norms, "memory": memory, "collectives_per_block": collectives}
+    return {**run, "expert_steps": expert_steps, "checkpoints": checkpoints.saves, "step_times_s": clock.step_times_s}
 
 
 def prepare(args, device: torch.device):
@@ -420,6 +491,10 @@ def write_results(args, meshes, model, trained: dict, total: int, device: torch.
         "variable_length": args.variable_length,
         "activation_checkpointing": args.activation_checkpointing,
         "losses": trained["losses"],
+        # The whole gradient's norm before clipping, each step (None: not finite, the step skipped).
+        "gradient_norms": trained["gradient_norms"],
+        "clip_grad_norm": args.clip_grad_norm,
+        "slip": args.slip,
         "total_parameters": total,
         "local_parameters": [m.pop("local_parameters") for m in every],
         "memory": every,
@@ -437,12 +512,10 @@ def write_results(args, meshes, model, trained: dict, total: int, device: torch.
             "aux_loss_weight": args.aux_loss_weight,
             "expert_mesh": meshes.layout.expert_dims(world_size),
         }
-        # Per step: the load-balancing loss (not in losses), the gradient's norm (AdamW hides a
-        # gradient off by a factor: compare this), and per layer and expert the choices routed to
-        # it and those it dropped (over capacity).
+        # Per step: the load-balancing loss (not in losses), and per layer and expert the choices
+        # routed to it and those it dropped (over capacity).
         steps = trained["expert_steps"]
         metrics["aux_losses"] = [s["aux_loss"] for s in steps]
-        metrics["gradient_norms"] = [s["gradient_norm"] for s in steps]
         metrics["expert_load"] = [s["routed"] for s in steps]
         metrics["dropped"] = [s["dropped"] for s in steps]
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")

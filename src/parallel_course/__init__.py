@@ -19,12 +19,15 @@ Small modules, each doing what its name says:
 - ``gpt``            a small GPT and an addition task made by the course, its mixture of experts (11, 12, 13b)
 - ``training``       the capstone trainer's parallel code (scripts/train_gpt.py imports it; see its
                      ``__init__``): the table of layouts, one function per parallelism, expert
-                     parallelism, checkpoints, step metrics (11, 11c, 13a, 13b)
+                     parallelism, checkpoints, step metrics, the whole gradient's norm (11, 11c, 13a,
+                     13b, 15)
 - ``input_pipeline`` data sets and timers for feeding a training step (11b)
 - ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
 - ``context_parallel`` a sequence split over ranks: block attention merged by log-sum-exp, ring and
                      Ulysses attention, zig-zag positions, the all-to-all (13a, 13b)
-- ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it
+- ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it; two
+                     runs trained alike: losses and gradient norms (11, 11c, 13a, 13b, 14c, 15)
+- ``gradient_scale`` the figures of the gradient's scale: norms per step, gaps from a reference (15)
 - ``planner``        memory, step time, tokens/s and MFU of a layout; feasible layouts ranked (14a)
 - ``published_runs`` trainings that ran (BLOOM, MT-NLG, Llama 3) with their sources, to test the planner (14a)
 - ``throughput``     the matmul peak measured as 06a does; a run's step times, tokens/s, model FLOP/s and MFU (14a)

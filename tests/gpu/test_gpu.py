@@ -467,7 +467,9 @@ def test_train_ddp_crash_on_nccl_resumes_bit_for_bit(tmp_path):
 
 # --------------------------------------------------------------------------- 4b. train_gpt.py
 
-GPT_RUN = ["--steps", "8", "--seed", "5", "--global-batch-size", "8"]
+# Clipped in every step (the norms are above 1 here): every run compares its gradient norms too, and
+# nccl carries the norm's reductions (DTensor's, the stages', the experts', the world's maximum).
+GPT_RUN = ["--steps", "8", "--seed", "5", "--global-batch-size", "8", "--clip-grad-norm", "0.5"]
 
 
 def gpt_run(tmp_path, layout, nproc, *extra):
@@ -484,6 +486,8 @@ def gpt_run(tmp_path, layout, nproc, *extra):
 def assert_same_losses_and_sharded(reference, run, sharded):
     # float32 on GPUs: attention and matmul kernels and nccl's reduction order differ from one process's.
     assert run["losses"] == pytest.approx(reference["losses"], rel=1e-3), run["parallel"]
+    # AdamW hides a gradient off by a constant factor from the losses; its norm does not.
+    assert run["gradient_norms"] == pytest.approx(reference["gradient_norms"], rel=1e-3), run["parallel"]
     total = reference["total_parameters"]
     assert len(run["local_parameters"]) == run["world_size"]
     assert all(n < 0.6 * total if sharded else n == total for n in run["local_parameters"]), run["local_parameters"]
@@ -512,7 +516,8 @@ def test_train_gpt_2d_on_nccl_equals_one_gpu(tmp_path):
 def test_train_gpt_accumulation_and_pipeline_on_nccl_equal_one_gpu(tmp_path):
     """Gradients accumulated over micro-batches (DDP's no_sync, FSDP2's deferred reduce-scatter) and
     the 2-stage pipeline (1F1B over nccl's send and receive) give the losses of one GPU; so do
-    problems of mixed lengths, whose answer tokens differ between ranks and micro-batches."""
+    problems of mixed lengths, whose answer tokens differ between ranks and micro-batches; a step
+    whose norm is not finite on one rank is skipped on both."""
     reference = gpt_run(tmp_path, "single", 1)
     for layout in ("ddp", "fsdp"):
         run = gpt_run(tmp_path, layout, 2, "--grad-accum", "2")
@@ -525,6 +530,11 @@ def test_train_gpt_accumulation_and_pipeline_on_nccl_equal_one_gpu(tmp_path):
     mixed = gpt_run(tmp_path, "single", 1, "--variable-length")
     accumulated = gpt_run(tmp_path, "ddp", 2, "--variable-length", "--grad-accum", "2")
     assert_same_losses_and_sharded(mixed, accumulated, sharded=False)
+    # A NaN in rank 1's copy of a gradient only: nccl's maximum of the norms makes both ranks skip step 3.
+    faulty = gpt_run(tmp_path, "single", 1, "--inject-nonfinite-step", "3")
+    skipped = gpt_run(tmp_path, "ddp", 2, "--inject-nonfinite-step", "3")
+    assert skipped["gradient_norms"][2] is None and faulty["gradient_norms"][2] is None
+    assert skipped["losses"] == pytest.approx(faulty["losses"], rel=1e-3)
 
 
 @needs_gpus(4)
@@ -552,6 +562,7 @@ def test_train_gpt_checkpoints_change_layout_on_nccl(tmp_path):
     resumed = json.loads((tmp_path / "then" / "metrics.json").read_text())
     assert resumed["start_step"] == int(half)
     assert resumed["losses"] == pytest.approx(reference["losses"][int(half) :], rel=1e-3)
+    assert resumed["gradient_norms"] == pytest.approx(reference["gradient_norms"][int(half) :], rel=1e-3)
 
 
 @needs_gpus(2)

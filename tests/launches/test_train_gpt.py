@@ -7,22 +7,28 @@ nccl by tests/gpu/test_gpu.py; preemption by tests/launches/test_preemption.py. 
 each layout runs on are its row of the table (parallel_course.training.layouts), checked in
 tests/unit/test_training.py, and refused before the join, as a process, in test_world_sizes.py.
 Here the other argument checks run in this process, and one bad command line as a process: one
-error line, exit code 2, nothing written; --help lists the table; and one short run with --mfu, for
-the throughput figures in metrics.json.
+error line, exit code 2, nothing written; --help lists the table; one short run with --mfu, for
+the throughput figures in metrics.json; and the gradient's scale in every layout of the table, in
+three launches (one per process count, train_gpt_runs.py): with clipping firing in every step, on
+problems of mixed lengths, some with micro-batches, each layout's gradient norms and losses equal
+one process's; a step whose norm is not finite (injected on one rank only) is skipped by every rank.
 """
 
 import json
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from helpers import job_environment, load_script
+from helpers import job_command, job_environment, load_script
 from parallel_course.launch import run_bounded
 from parallel_course.training.layouts import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_gpt.py"
+RUNS = ROOT / "scripts" / "train_gpt_runs.py"
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +91,26 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
         (["--resume", "CKPT_STEP_4"], 1, None),
         (["--resume", "CKPT_STEP_4", "--steps", "4"], 1, "is at step 4: nothing left of --steps 4"),
         (["--resume-weights-only"], 1, "--resume-weights-only needs --resume"),
+        (["--clip-grad-norm", "0"], 1, "--clip-grad-norm must be positive, got 0.0"),
+        (["--clip-grad-norm", "0.5", "--parallel", "2d"], 4, None),
+        (["--inject-nonfinite-step", "0"], 1, "--inject-nonfinite-step must be a step from 1 to --steps 200"),
+        (["--inject-nonfinite-step", "9", "--steps", "8"], 1, "a step from 1 to --steps 8"),
+        (
+            ["--slip", "no-dp-factor"],
+            1,
+            "--slip no-dp-factor changes nothing in --parallel single on 1: no batch ranks",
+        ),
+        (["--slip", "no-dp-factor", "--parallel", "cp"], 2, None),
+        (["--slip", "scale-grads", "--parallel", "ddp"], 2, "no pp ranks"),
+        (["--slip", "local-norm", "--parallel", "fsdp"], 2, None),
+        (["--slip", "stages-unreduced", "--parallel", "dp_pp"], 4, None),
+        (["--slip", "experts-every-rank", "--parallel", "ep", "--moe-experts", "4"], 2, "no expert_dp ranks"),
+        (
+            ["--slip", "experts-every-rank", "--parallel", "dp_ep", "--moe-experts", "4", "--global-batch-size", "8"],
+            4,
+            None,
+        ),
+        (["--slip", "forgot-it"], 2, "invalid choice"),
         (["OUT_IS_A_FILE"], 1, "exists and is not a folder"),
         ([], 1, "required: --out"),
     ],
@@ -128,6 +154,7 @@ def test_help_names_the_contract(train_gpt, capsys):
     text = capsys.readouterr().out
     flags = ["--variable-length", "--grad-accum", "--checkpoint-dir", "--checkpoint-every", "--resume", "--mfu"]
     flags += ["--moe-experts", "--top-k", "--capacity-factor", "--aux-loss-weight", "--sequence-parallel"]
+    flags += ["--clip-grad-norm", "--slip", "--inject-nonfinite-step"]
     for flag in flags:
         assert flag in text, flag
     # The layouts from the table: the choices, and a line each with the processes it runs on.
@@ -161,3 +188,78 @@ def test_throughput_and_mfu(tmp_path):
 def test_mfu_is_opt_in(train_gpt, tmp_path):
     # Without the flag no peak is measured and nothing more is printed (the run's last line is the same).
     assert train_gpt.parse_args(["--out", str(tmp_path)]).mfu is False
+
+
+# The gradient's scale: the same training in every layout, clipped in every step (the norms are
+# above 1 here), on problems of mixed lengths; the runs of one process count share a launch.
+CLIPPED = "--steps 6 --seed 5 --global-batch-size 16 --variable-length --clip-grad-norm 0.5"
+MOE = "--moe-experts 4 --top-k 2 --capacity-factor 2"
+# Each run's layout and options beyond CLIPPED, by process count and name: micro-batches in some
+# (the pipelines' default is 2 per stage); the experts' layouts are compared with one process with
+# the same experts; "_inject": a NaN in one rank's gradient in step 3.
+SCALE_RUNS = {
+    1: {"single": "", "single_moe": MOE, "single_inject": "--inject-nonfinite-step 3"},
+    2: {
+        "ddp": "--grad-accum 2",
+        "fsdp": "--grad-accum 2",
+        "tp": "--sequence-parallel",
+        "pp": "",
+        "cp": "--grad-accum 2",
+        "ep": MOE,
+        "ddp_inject": "--inject-nonfinite-step 3",
+    },
+    4: {"2d": "--sequence-parallel --grad-accum 2", "dp_pp": "--grad-accum 2", "dp_ep": MOE},
+}
+
+
+def layout_of(run: str) -> str:
+    return run if run in LAYOUTS else run.rsplit("_", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def scale_runs(tmp_path_factory) -> dict[str, dict]:
+    """Every run of SCALE_RUNS: its metrics.json, by name. The three launches run at the same time,
+    each bounded (run_bounded kills a launch and its workers together)."""
+    out = tmp_path_factory.mktemp("scale")
+
+    def launch_runs(nproc: int) -> subprocess.CompletedProcess:
+        lines = [f"--parallel {layout_of(n)} {CLIPPED} {o} --out {out / n}" for n, o in SCALE_RUNS[nproc].items()]
+        command = job_command(RUNS, None if nproc == 1 else nproc, *lines)
+        return run_bounded(command, timeout=240, env=job_environment())
+
+    with ThreadPoolExecutor(len(SCALE_RUNS)) as pool:
+        for result in pool.map(launch_runs, SCALE_RUNS):
+            assert result.returncode == 0, result.stderr[-3000:]
+    return {
+        name: json.loads((out / name / "metrics.json").read_text()) for runs in SCALE_RUNS.values() for name in runs
+    }
+
+
+def relative(got: list, expected: list) -> float:
+    return max(abs(g / e - 1) for g, e in zip(got, expected, strict=True))
+
+
+def test_every_layout_clipped_equals_one_process(scale_runs):
+    """Every layout of the table, clipped in every step: its gradient norms (before clipping) and
+    losses equal one process's within 1e-4, the experts' layouts against one process with experts."""
+    reference = scale_runs["single"]
+    assert min(reference["gradient_norms"]) > 2 * reference["clip_grad_norm"], "clipping must fire in every step"
+    assert {layout_of(name) for runs in SCALE_RUNS.values() for name in runs} == set(LAYOUTS)
+    for name, run in scale_runs.items():
+        if name in LAYOUTS and name != "single":
+            one = scale_runs["single_moe" if LAYOUTS[name].experts else "single"]
+            assert len(run["gradient_norms"]) == run["steps"] == 6
+            assert relative(run["gradient_norms"], one["gradient_norms"]) < 1e-4, name
+            assert relative(run["losses"], one["losses"]) < 1e-4, name
+
+
+def test_a_step_whose_norm_is_not_finite_is_skipped_by_every_rank(scale_runs):
+    """Step 3's NaN lies in the last rank's copy of a gradient that ddp's ranks hold alike: rank 0's own
+    copy is finite, yet its norm is not, and it skips the step; the training goes on as one process's
+    does with the same fault, and no longer as the run without it."""
+    one, ddp, clean = scale_runs["single_inject"], scale_runs["ddp_inject"], scale_runs["single"]
+    for run in (one, ddp):
+        assert run["gradient_norms"][2] is None and None not in run["gradient_norms"][:2] + run["gradient_norms"][3:]
+    assert relative(ddp["losses"], one["losses"]) < 1e-4
+    assert relative(one["losses"][:3], clean["losses"][:3]) < 1e-6
+    assert relative(one["losses"][3:], clean["losses"][3:]) > 1e-3

@@ -1,6 +1,7 @@
 """parallel_course.runs: what the notebooks read back from a training run's --out folder."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -49,3 +50,39 @@ def test_plot_learning_draws_the_loss_of_every_step_and_the_share_solved_in_perc
     assert list(loss.get_xdata()) == [1, 2, 3] and list(loss.get_ydata()) == [2.5, 1.0, 0.1]
     assert axes[0].get_yscale() == "log"
     assert list(solved.get_xdata()) == [25, 50] and list(solved.get_ydata()) == [10.0, 95.0]
+
+
+def test_trained_alike_compares_losses_and_gradient_norms(capsys):
+    from parallel_course.checks import CheckFailed
+    from parallel_course.runs import check_trained_alike, relative_gaps
+
+    reference = {"losses": [2.0, 1.0], "gradient_norms": [4.0, 2.0]}
+    assert relative_gaps({"losses": [1.0, 0.5]}, reference, "losses").tolist() == [-0.5, -0.5]
+    # A resumed run: the reference's later steps.
+    assert relative_gaps({"losses": [1.1]}, reference, "losses", slice(1, None)).tolist() == pytest.approx([0.1])
+    check_trained_alike("same", {"losses": [2.0, 1.0], "gradient_norms": [4.0, 2.00001]}, reference, 1e-4)
+    assert capsys.readouterr().out.count("PASS") == 2
+    # Equal losses, the norms doubled: the norms fail.
+    with pytest.raises(CheckFailed, match=re.escape("gradient_norms, relative: max |difference| = 1")):
+        check_trained_alike("doubled", {"losses": [2.0, 1.0], "gradient_norms": [8.0, 4.0]}, reference, 1e-4)
+
+
+def test_a_negative_control_must_pass_on_losses_and_fail_on_norms(capsys):
+    from parallel_course.checks import CheckFailed
+    from parallel_course.runs import check_negative_control
+
+    reference = {"losses": [2.0, 1.0], "gradient_norms": [4.0, 2.0]}
+    check_negative_control("half", {"losses": [2.0, 1.0], "gradient_norms": [2.0, 1.0]}, reference, 1e-4)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("PASS half: losses")
+    assert out[1].startswith("negative control: FAIL half: gradient_norms") and out[1].endswith(
+        "0.5 times the reference's"
+    )
+    # Norms that do not share one factor: no factor named.
+    check_negative_control("off", {"losses": [2.0, 1.0], "gradient_norms": [4.0, 3.0]}, reference, 1e-4)
+    assert capsys.readouterr().out.splitlines()[1].endswith("tolerance 0.0001")
+    # A control the norm check cannot see is an error; one whose losses differ fails at the losses.
+    with pytest.raises(AssertionError, match="cannot see the mistake"):
+        check_negative_control("same", reference, reference, 1e-4)
+    with pytest.raises(CheckFailed, match="losses"):
+        check_negative_control("other", {"losses": [3.0, 1.0], "gradient_norms": [2.0, 1.0]}, reference, 1e-4)

@@ -2,8 +2,8 @@
 keeps its share of every block's experts; two differentiable all-to-alls carry the tokens' slots to
 their experts and the outputs back (``dispatch``, ``combine``, hooked on the experts by
 ``apply_ep``); the gradients are averaged by hand (``reduce_expert_gradients``); ``ExpertLoad``
-keeps a step's load-balancing loss, the choices routed to and dropped by each expert, and the
-gradient's norm.
+keeps a step's load-balancing loss and the choices routed to and dropped by each expert. The
+gradient's norm, experts included, is ``gradient_norm``'s, as in every layout.
 """
 
 from __future__ import annotations
@@ -99,21 +99,10 @@ class ExpertLoad:
     def step(self, experts: DeviceMesh | None = None) -> dict:
         """After backward: in ep and dp_ep (experts: the expert mesh) the gradients reduced by hand
         first (reduce_expert_gradients). Returns the step's auxiliary loss (this rank's shares summed
-        over the ranks, averaged over the micro-batches), the norm of the whole model's reduced
-        gradient (an ep rank holds the dense part whole and its own experts: theirs summed over the ep
-        group), and, per layer and expert, the routed and dropped choices."""
+        over the ranks, averaged over the micro-batches) and, per layer and expert, the routed and
+        dropped choices."""
         if experts is not None:
             reduce_expert_gradients(self.model, self.dp_group, experts.get_group("expert_dp"))
         dist.all_reduce(self.aux, group=self.dp_group)
-        squares = [torch.zeros((), device=self.aux.device) for _ in range(2)]
-        for name, p in self.model.named_parameters():
-            squares[".experts." in name] += p.grad.pow(2).sum() if p.grad is not None else 0
-        if experts is not None:
-            dist.all_reduce(squares[1], group=experts.get_group("ep"))
         self.aux_loss = self.aux.item() / self.micro_batches
-        return {
-            "aux_loss": self.aux_loss,
-            "gradient_norm": (squares[0] + squares[1]).sqrt().item(),
-            "routed": self.routed.tolist(),
-            "dropped": self.dropped.tolist(),
-        }
+        return {"aux_loss": self.aux_loss, "routed": self.routed.tolist(), "dropped": self.dropped.tolist()}

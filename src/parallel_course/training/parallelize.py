@@ -185,17 +185,20 @@ def gradient_sync(model, wrapper, last: bool, every: bool):
     return contextlib.nullcontext()
 
 
-def pipeline_schedule(model: GPT, meshes, device, micro_batches: int, loss_scale: dict) -> Schedule1F1B:
+def pipeline_schedule(
+    model: GPT, meshes, device, micro_batches: int, loss_scale: dict, scale_grads: bool = False
+) -> Schedule1F1B:
     """1F1B over the stages: the last stage computes each micro-batch's summed loss, scaled by
     loss_scale["factor"] (set every step); the schedule must not divide by the micro-batch count
-    (scale_grads=False): the scale already divides by the global token count."""
+    (scale_grads=False): the scale already divides by the global token count. scale_grads=True is
+    that mistake, for a negative control (train_gpt.py --slip scale-grads)."""
     pp = meshes["pp"]
     stage = PipelineStage(model, pp.get_local_rank(), pp.size(), device, group=pp.get_group())
 
     def loss_fn(logits, y):
         return answer_loss_sum(logits, y)[0] * loss_scale["factor"]
 
-    return Schedule1F1B(stage, n_microbatches=micro_batches, loss_fn=loss_fn, scale_grads=False)
+    return Schedule1F1B(stage, n_microbatches=micro_batches, loss_fn=loss_fn, scale_grads=scale_grads)
 
 
 def whole_model(model: GPT, meshes) -> dict[str, torch.Tensor]:
