@@ -23,7 +23,7 @@ Small modules, each doing what its name says:
 - ``input_pipeline`` data sets and timers for feeding a training step (11b)
 - ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
 - ``context_parallel`` a sequence split over ranks: block attention merged by log-sum-exp, ring and
-                     Ulysses attention, zig-zag positions, the all-to-all (13a, 13b)
+                     Ulysses attention, zig-zag positions, the all-to-all (13a, 13b); ring-flash (16)
 - ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it
 - ``planner``        memory, step time, tokens/s and MFU of a layout; feasible layouts ranked (14a)
 - ``published_runs`` trainings that ran (BLOOM, MT-NLG, Llama 3) with their sources, to test the planner (14a)
@@ -31,6 +31,13 @@ Small modules, each doing what its name says:
 - ``fake_cluster``   a GPT of a real size sharded over a fake (dp, tp) mesh of hundreds of ranks in one process (14a)
 - ``debugging``      flight records read (who is behind, the first mismatch), every rank's stack, stragglers (14b)
 - ``communication``  bytes of DDP's hooks, HSDP and local SGD, counted; bytes across nodes; DiLoCo (14c)
+- ``flash_attention`` FlashAttention by hand: tiles, the online softmax, a backward that recomputes;
+                     bytes saved for backward counted (16)
+- ``loss_memory``    the cross-entropy over chunks recomputed in backward; the vocabulary-parallel loss by hand (16)
+- ``memory_tracking`` torch's memory trackers on the capstone's layouts, every byte set beside the
+                     accounting; selective checkpointing's policy; offload hooks (16)
+- ``memory_figures`` chapter 16's figures: FlashAttention's tiles, bytes saved against the sequence,
+                     the tracked peaks by layout
 - ``compat``         what differs between torch 2.11-2.13, one helper per fact: versions and one-line
                      notes or refusals, DDP's buffer-sync keyword, the single-tensor collectives' names,
                      a group's timeout

@@ -206,84 +206,81 @@ def ring_attention(
     return torch.cat([acc.out for acc in running], dim=-2) + 0 * kv.sum()
 
 
+def ring_flash_forward(q, k, v, group, layout: str, block_size: int):
+    """Ring-flash's forward: this rank's output and log-sum-exp, the blocks computed with
+    FlashAttention's tiles as they arrive and merged (RunningAttention), each received block let go
+    once passed on."""
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    mine = chunks_of(rank, world_size, layout)
+    running = [RunningAttention() for _ in mine]
+    kv = torch.stack([k, v])
+    for step in range(world_size):
+        source = (rank - step) % world_size
+        keys, values = kv[0].chunk(len(mine), dim=-2), kv[1].chunk(len(mine), dim=-2)
+        for q_chunk, q_i, acc in zip(mine, q.chunk(len(mine), dim=-2), running):
+            for k_chunk, k_j, v_j in zip(chunks_of(source, world_size, layout), keys, values):
+                kind = mask_kind(q_chunk, k_chunk)
+                if kind != "skip":
+                    out, lse, _ = flash_forward(q_i, k_j, v_j, causal=kind == "causal", block_size=block_size)
+                    acc.add((out, lse))
+        if step < world_size - 1:
+            kv = shift(kv, group, +1)
+    # In q's memory layout, as SDPA returns it: the heads' outputs side by side for each position,
+    # so the projection after attention takes a view of it, not a second copy.
+    out = torch.empty_like(q).copy_(torch.cat([acc.out for acc in running], dim=-2))
+    return out, torch.cat([acc.lse for acc in running], dim=-1)
+
+
+def ring_flash_backward(q, k, v, out, lse, grad_out, group, layout: str, block_size: int, gradients_home: bool = True):
+    """Ring-flash's backward: dq, dk, dv of this rank's share. The keys and values go round the
+    ring again; against each arriving block this rank's queries recompute their probabilities
+    (flash_backward, from the saved log-sum-exp) and add their part of the block's dK and dV to the
+    gradients that travel with it. After N hops the gradients are back with their owner."""
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    mine = chunks_of(rank, world_size, layout)
+    n = len(mine)
+    # D = rowsum(dO * O), once per query, over the whole attention.
+    delta = (grad_out * out).sum(-1)
+    dq = torch.zeros_like(q)
+    queries = list(
+        zip(mine, q.chunk(n, -2), grad_out.chunk(n, -2), lse.chunk(n, -1), delta.chunk(n, -1), dq.chunk(n, -2))
+    )
+    kv = torch.stack([k, v])
+    dkv = torch.zeros_like(kv)
+    for step in range(world_size):
+        source = (rank - step) % world_size
+        blocks = zip(chunks_of(source, world_size, layout), *(t.chunk(n, -2) for t in (*kv, *dkv)))
+        for k_chunk, k_j, v_j, dk_j, dv_j in blocks:
+            for q_chunk, q_i, do_i, lse_i, delta_i, dq_i in queries:
+                kind = mask_kind(q_chunk, k_chunk)
+                if kind != "skip":
+                    grads = flash_backward(
+                        q_i, k_j, v_j, None, lse_i, do_i, causal=kind == "causal", block_size=block_size, delta=delta_i
+                    )
+                    for into, grad in zip((dq_i, dk_j, dv_j), grads):
+                        into += grad
+        if step < world_size - 1:
+            kv = shift(kv, group, +1)
+        # The last hop takes each block's gradients home (left out: the negative control).
+        if step < world_size - 1 or gradients_home:
+            dkv = shift(dkv, group, +1)
+    return dq, dkv[0], dkv[1]
+
+
 class RingFlashAttention(torch.autograd.Function):
-    """Ring attention that keeps only its own keys and values for backward (see ring_flash_attention)."""
+    """Ring attention that saves for backward only this rank's q, k, v, output and log-sum-exp."""
 
     @staticmethod
     def forward(ctx, q, k, v, group, layout, block_size, gradients_home):
-        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-        mine = chunks_of(rank, world_size, layout)
-        running = [RunningAttention() for _ in mine]
-        kv = torch.stack([k, v])
-        for step in range(world_size):
-            source = (rank - step) % world_size
-            keys, values = kv[0].chunk(len(mine), dim=-2), kv[1].chunk(len(mine), dim=-2)
-            for q_chunk, q_i, acc in zip(mine, q.chunk(len(mine), dim=-2), running):
-                for k_chunk, k_j, v_j in zip(chunks_of(source, world_size, layout), keys, values):
-                    kind = mask_kind(q_chunk, k_chunk)
-                    if kind != "skip":
-                        out, lse, _ = flash_forward(q_i, k_j, v_j, causal=kind == "causal", block_size=block_size)
-                        acc.add((out, lse))
-            if step < world_size - 1:
-                # Passed on and let go: the next block replaces it, nothing keeps it for backward.
-                kv = shift(kv, group, +1)
-        # In q's memory layout, as SDPA returns it: the heads' outputs side by side for each position,
-        # so the projection after attention takes a view of it, not a second copy.
-        out = torch.empty_like(q).copy_(torch.cat([acc.out for acc in running], dim=-2))
-        lse = torch.cat([acc.lse for acc in running], dim=-1)
-        ctx.group, ctx.layout, ctx.block_size, ctx.gradients_home = group, layout, block_size, gradients_home
-        # This rank's own q, k, v, the output and its log-sum-exp: nothing received.
+        out, lse = ring_flash_forward(q, k, v, group, layout, block_size)
+        ctx.args = (group, layout, block_size, gradients_home)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        group, layout = ctx.group, ctx.layout
-        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-        mine = chunks_of(rank, world_size, layout)
-        grad_out = grad_out.contiguous()
-        # D = rowsum(dO * O) over the whole attention, once per query.
-        delta = (grad_out * out).sum(-1)
-        dq = torch.zeros_like(q)
-        queries = list(
-            zip(
-                mine,
-                q.chunk(len(mine), dim=-2),
-                grad_out.chunk(len(mine), dim=-2),
-                lse.chunk(len(mine), dim=-1),
-                delta.chunk(len(mine), dim=-1),
-                dq.chunk(len(mine), dim=-2),
-            )
-        )
-        # The keys and values go round again; their gradients travel with them, each rank adding
-        # what its queries contribute, and after N hops they are back with their owner.
-        kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros_like(kv)
-        for step in range(world_size):
-            source = (rank - step) % world_size
-            blocks = zip(
-                chunks_of(source, world_size, layout),
-                *(t.chunk(len(mine), dim=-2) for t in (kv[0], kv[1], dkv[0], dkv[1])),
-            )
-            for k_chunk, k_j, v_j, dk_j, dv_j in blocks:
-                for q_chunk, q_i, do_i, lse_i, delta_i, dq_i in queries:
-                    kind = mask_kind(q_chunk, k_chunk)
-                    if kind == "skip":
-                        continue
-                    causal = kind == "causal"
-                    grads = flash_backward(
-                        q_i, k_j, v_j, None, lse_i, do_i, causal=causal, block_size=ctx.block_size, delta=delta_i
-                    )
-                    for into, grad in zip((dq_i, dk_j, dv_j), grads):
-                        into += grad
-            if step < world_size - 1:
-                kv = shift(kv, group, +1)
-            # The last hop brings each block's gradients home (gradients_home=False, the negative
-            # control, leaves every rank with its neighbour's).
-            if step < world_size - 1 or ctx.gradients_home:
-                dkv = shift(dkv, group, +1)
-        return dq, dkv[0], dkv[1], None, None, None, None
+        return *ring_flash_backward(q, k, v, out, lse, grad_out.contiguous(), *ctx.args), None, None, None, None
 
 
 def ring_flash_attention(

@@ -28,6 +28,7 @@ from torch.distributed._tools import FSDPMemTracker, MemTracker
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.flop_counter import FlopCounterMode
 
 from . import planner, transformer_memory
 from .gpt import GPT, AdditionTask, GPTConfig, answer_loss_sum
@@ -141,6 +142,7 @@ def track_layout(
     elements, tensors = local_parameters(model)
     return {
         "layout": name,
+        "device": device.type,
         "mesh": meshes.dims,
         "tokens": int(x.numel()),
         "positions": int(x.shape[1]),
@@ -302,6 +304,26 @@ def checkpoint_blocks(model: GPT, policy_factory=None) -> GPT:
     for i, block in enumerate(model.blocks):
         model.blocks[i] = checkpoint_wrapper(block, context_fn=context_fn) if context_fn else checkpoint_wrapper(block)
     return model
+
+
+def step_costs(make_model, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """One forward and backward on (x, y) of a model make_model() builds: under a MemTracker, the
+    bytes of activations alive when its forward ends (what it keeps for backward), its peak and the
+    gradients (flat); on a second model from make_model(), the floating-point operations
+    FlopCounterMode counts (matrix products: on a CPU, none for SDPA's kernel). Apart, because the
+    FLOP counter under a checkpointed backward keeps more alive than the step alone does."""
+    model = make_model()
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        loss_sum, _ = answer_loss_sum(model(x), y)
+        kept = peak_parts(tracker, "current")["Activation"]
+        loss_sum.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    counted = make_model()
+    with FlopCounterMode(display=False) as flops:
+        answer_loss_sum(counted(x), y)[0].backward()
+    return {"kept": kept, "peak": peak_parts(tracker)["Total"], "flops": flops.get_total_flops(), "grads": grads}
 
 
 # --- offload -------------------------------------------------------------------------------------

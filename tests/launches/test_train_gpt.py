@@ -7,8 +7,10 @@ nccl by tests/gpu/test_gpu.py; preemption by tests/launches/test_preemption.py. 
 each layout runs on are its row of the table (parallel_course.training.layouts), checked in
 tests/unit/test_training.py, and refused before the join, as a process, in test_world_sizes.py.
 Here the other argument checks run in this process, and one bad command line as a process: one
-error line, exit code 2, nothing written; --help lists the table; and one short run with --mfu, for
-the throughput figures in metrics.json.
+error line, exit code 2, nothing written; --help lists the table; one short run with --mfu, for
+the throughput figures in metrics.json; and the memory of --parallel cp (chapter 16: ring-flash
+attention keeps each rank's own keys and values only): at most 0.6 of one process's activation
+bytes per rank, the losses equal.
 """
 
 import json
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import job_environment, load_script
+from helpers import job_command, job_environment, launch, load_script
 from parallel_course.launch import run_bounded
 from parallel_course.training.layouts import LAYOUTS
 
@@ -161,3 +163,19 @@ def test_throughput_and_mfu(tmp_path):
 def test_mfu_is_opt_in(train_gpt, tmp_path):
     # Without the flag no peak is measured and nothing more is printed (the run's last line is the same).
     assert train_gpt.parse_args(["--out", str(tmp_path)]).mfu is False
+
+
+def test_context_parallel_keeps_at_most_0_6_of_one_process_activations(train_gpt, tmp_path):
+    """--parallel cp on 2 ranks: each rank's activation bytes (metrics.json's memory[*].activation_bytes,
+    every tensor autograd saves, once) at most 0.6 of one process's (ring-flash keeps a rank's own
+    K and V; chapter 13a's ring, which keeps every block it received, kept 0.72), with the same
+    losses. One process runs here, in this process (a group of one); cp is launched."""
+    run = ["--steps", "2", "--global-batch-size", "16"]
+    cp = launch(job_command(SCRIPT, 2, "--parallel", "cp", *run, "--out", tmp_path / "cp"), cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert train_gpt.main(["--parallel", "single", *run, "--out", str(tmp_path / "single")]) == 0
+    train_gpt.teardown()
+    single, split = (json.loads((tmp_path / n / "metrics.json").read_text()) for n in ("single", "cp"))
+    kept = [m["activation_bytes"] / single["memory"][0]["activation_bytes"] for m in split["memory"]]
+    assert len(kept) == 2 and max(kept) <= 0.6, kept
+    assert split["losses"] == pytest.approx(single["losses"], rel=1e-5)

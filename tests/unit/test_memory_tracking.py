@@ -5,7 +5,6 @@ the weights moved too caught); the figure of the tracked peaks."""
 
 import torch
 from matplotlib.figure import Figure
-from torch.utils.flop_counter import FlopCounterMode
 
 from parallel_course import memory_figures, transformer_memory
 from parallel_course import memory_tracking as mt
@@ -44,12 +43,6 @@ def test_accounting_of_the_layouts():
     assert mt.forward_leaves("cp", 64, False)["ids and loss"] == 8 * 64 + 8
 
 
-def one_step(model, x, y):
-    with FlopCounterMode(display=False) as flops:
-        answer_loss_sum(model(x), y)[0].backward()
-    return flops.get_total_flops(), torch.cat([p.grad.flatten() for p in model.parameters()])
-
-
 def gpt(checkpointing=None):
     torch.manual_seed(0)
     model = GPT(GPTConfig())
@@ -63,29 +56,35 @@ def gpt(checkpointing=None):
 def test_selective_checkpointing_recomputes_every_second_matmul_but_the_last():
     x, y = AdditionTask(2).batch(torch.Generator().manual_seed(1), 4)
     tokens, h = x.numel(), 64
-    base, grads = one_step(gpt(), x, y)
-    sac, sac_grads = one_step(gpt(mt.every_second_matmul_policy), x, y)
-    full, _ = one_step(gpt("full"), x, y)
-    assert torch.equal(sac_grads, grads)
+    base = mt.step_costs(gpt, x, y)
+    sac = mt.step_costs(lambda: gpt(mt.every_second_matmul_policy), x, y)
+    full = mt.step_costs(lambda: gpt("full"), x, y)
+    assert torch.equal(sac["grads"], base["grads"]) and torch.equal(full["grads"], base["grads"])
+    assert base["kept"] > sac["kept"] > full["kept"]
     # The 2nd and 4th matmuls of each block (k, and attention's projection) run again; the 6th (the
     # MLP's projection) does not: nothing the block's backward needs comes after it.
-    assert sac - base == 2 * tokens * 2 * (h * h + h * h)
+    assert sac["flops"] - base["flops"] == 2 * tokens * 2 * (h * h + h * h)
     # The policy written for aten.mm matches no Linear with a bias (they run as aten.addmm): it saves
     # only attention's output and recomputes every matmul, as full checkpointing.
-    mm_only, _ = one_step(gpt(lambda: mt.every_second_matmul_policy((torch.ops.aten.mm.default,))), x, y)
-    assert mm_only - base == full - base == 2 * tokens * 2 * (4 * h * h + 4 * h * h)
+    mm_only = mt.step_costs(lambda: gpt(lambda: mt.every_second_matmul_policy((torch.ops.aten.mm.default,))), x, y)
+    assert mm_only["flops"] - base["flops"] == full["flops"] - base["flops"] == 2 * tokens * 2 * 8 * h * h
+
+
+def grads_of(model, x, y):
+    answer_loss_sum(model(x), y)[0].backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
 def test_offload_moves_the_activations_and_gives_the_same_gradients():
     x, y = AdditionTask(2).batch(torch.Generator().manual_seed(1), 4)
     model = gpt()
     saved = mt.saved_tensor_bytes(model, lambda: answer_loss_sum(model(x), y))
-    _, grads = one_step(gpt(), x, y)
+    grads = grads_of(gpt(), x, y)
     for weights_too in (False, True):
         model = gpt()
         offload = mt.Offload(model, weights_too=weights_too)
         with offload.hooks():
-            _, got = one_step(model, x, y)
+            got = grads_of(model, x, y)
         assert torch.equal(got, grads)
         assert offload.bytes_out == offload.bytes_back
         assert (offload.bytes_out == saved) != weights_too
