@@ -1,21 +1,22 @@
-"""Chapter 16: the capstone's memory on 2 processes, in one launch.
+"""Chapter 16: the capstone's memory on 2 processes (or 4), in one launch.
 
     torchrun --standalone --nproc_per_node=2 c16_memory.py --out work/memory.json
 
 Three parts, each checked against one process that every rank computes for itself (the whole model
 on the whole batch), with a negative control:
 
-- ring-flash: the capstone's GPT with its sequence split over the 2 ranks (``apply_cp``, whose
-  attention is ``ring_flash_attention``): the loss and the global gradient norm (gradients summed
-  over the ranks) of one step equal one process's. Negative control: the ring whose keys' and
-  values' gradients miss their last hop home.
+- ring-flash: the capstone's GPT with its sequence split over the ranks, zig-zag, every block's
+  attention ``ring_flash_attention`` (as ``apply_cp`` makes it over its 2 ranks): the loss and the
+  global gradient norm (gradients summed over the ranks) of one step equal one process's. Negative
+  control: the ring whose keys' and values' gradients miss their last hop home.
 - loss_parallel: the GPT's head split by vocabulary (ColwiseParallel, its logits left sharded),
   the loss computed under ``torch.distributed.tensor.parallel.loss_parallel``: its loss and
-  gradient norm equal one process's, and each rank holds half the logits; the same loss by hand
-  (``vocab_parallel_cross_entropy``). Negative control: by hand, each rank's softmax normalised over
-  its own half of the vocabulary.
+  gradient norm equal one process's, and each rank holds its share of the logits; the same loss by
+  hand (``vocab_parallel_cross_entropy``). Negative control: by hand, each rank's softmax normalised
+  over its own share of the vocabulary.
 - torch's memory trackers (``MemTracker``, ``FSDPMemTracker``) on the capstone's layouts ddp, fsdp,
-  tp and cp, three steps each, the tracker reset between steps (``memory_tracking.track_layout``).
+  tp and cp (cp's row of the table runs on 2 processes only), two steps each, the tracker reset
+  between steps (``memory_tracking.track_layout``).
 
 Rank 0 prints the checks and writes every figure as JSON for the notebook.
 """
@@ -35,15 +36,15 @@ from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel, pa
 
 from dist_setup import setup, teardown
 from parallel_course.checks import CheckFailed, check_close
-from parallel_course.context_parallel import ring_attention, ring_flash_attention, split_sequence
+from parallel_course.context_parallel import positions_of, ring_attention, ring_flash_attention, split_sequence
 from parallel_course.flash_attention import SavedTensors
 from parallel_course.gpt import GPT, IGNORE, AdditionTask, GPTConfig, answer_loss_sum
 from parallel_course.loss_memory import vocab_parallel_cross_entropy
 from parallel_course.memory_tracking import track_layout
 from parallel_course.training.layouts import LAYOUTS
-from parallel_course.training.parallelize import CP_LAYOUT, sequence_share
+from parallel_course.training.parallelize import CP_LAYOUT
 
-WORLD_SIZE = 2
+WORLD_SIZES = (2, 4)
 TRACKED = ("ddp", "fsdp", "tp", "cp")
 
 
@@ -64,29 +65,28 @@ def one_process(x, y, device, seed: int):
 
 
 def context_parallel_step(x, y, device, seed: int, gradients_home: bool = True):
-    """One step of the GPT with its sequence split over the cp ranks (the cp layout's apply_cp, with
-    the ring's gradients sent home or not): the mean loss and the gradient norm, the gradients summed
-    over the ranks (each saw other positions), as DDP over cp averages them."""
-    meshes = LAYOUTS["cp"].meshes(device.type, dist.get_world_size())
-    group = meshes["cp"].get_group()
+    """One step of the GPT with its sequence split over every rank, zig-zag, its attention ring-flash
+    (the ring's gradients sent home or not): the mean loss and the gradient norm, the gradients summed
+    over the ranks (each saw other positions), as DDP over the cp ranks averages them."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
     model = GPT(GPTConfig()).to(device)
-    ring = functools.partial(ring_flash_attention, group=group, layout=CP_LAYOUT, gradients_home=gradients_home)
+    ring = functools.partial(ring_flash_attention, layout=CP_LAYOUT, gradients_home=gradients_home)
     for block in model.blocks:
         block.attn.attention = ring
-    x_mine, y_mine, positions = sequence_share(x, y, meshes)
+    positions = positions_of(rank, world_size, x.shape[1], CP_LAYOUT).to(device)
     count = (y != IGNORE).sum()
-    loss_sum, _ = answer_loss_sum(model(x_mine, positions), y_mine)
+    loss_sum, _ = answer_loss_sum(model(x[:, positions], positions), y[:, positions])
     (loss_sum / count).backward()
     for p in model.parameters():
-        dist.all_reduce(p.grad, group=group)
+        dist.all_reduce(p.grad)
     total = loss_sum.detach().clone()
-    dist.all_reduce(total, group=group)
+    dist.all_reduce(total)
     return total / count, gradient_norm(model)
 
 
 def loss_parallel_step(x, y, device, seed: int):
-    """One step with the head split by vocabulary over the ranks and its logits left sharded, the loss
+    """One step with the head split by vocabulary over every rank and its logits left sharded, the loss
     under loss_parallel. Returns the mean loss, the gradient norm, the bytes of this rank's logits,
     and the loss by hand with and without the normaliser's all-reduce."""
     mesh = LAYOUTS["tp"].meshes(device.type, dist.get_world_size())["tp"]
@@ -113,7 +113,7 @@ def loss_parallel_step(x, y, device, seed: int):
 def ring_memory(device, seed: int) -> dict:
     """Bytes one attention call saves for backward on this rank, beyond its own q, k, v: chapter
     13a's ring (autograd keeps every block it received, and each block pair's probabilities) and
-    ring-flash (its output and log-sum-exp), for a sequence of 64 positions split zig-zag."""
+    ring-flash (its output and log-sum-exp), for a sequence of 64 positions split zig-zag over every rank."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 4, 64, 16, generator=g).to(device) for _ in range(3))
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -149,14 +149,15 @@ def checks(device, seed: int) -> dict:
     if dist.get_rank() != 0:
         return result
     whole = x.shape[0] * x.shape[1] * GPTConfig().vocab_size * 4
+    n = dist.get_world_size()
     print(f"one step, global batch {x.shape[0]}, against one process on the whole batch (relative differences)")
-    for name, got in (("ring-flash, cp 2", (cp_loss, cp_norm)), ("loss_parallel, tp head", (lp_loss, lp_norm))):
+    for name, got in ((f"ring-flash, cp {n}", (cp_loss, cp_norm)), (f"loss_parallel, tp head {n}", (lp_loss, lp_norm))):
         relative = torch.stack([got[0] / loss, got[1] / norm]).double()
         check_close(f"{name}: loss and gradient norm", relative, torch.ones(2, dtype=torch.float64), 1e-5)
     check_close("vocabulary-parallel loss by hand == loss_parallel", by_hand, lp_loss, 1e-5)
     for name, got, expected in (
         ("ring-flash, the gradients' last hop home left out: gradient norm", away_norm / norm, 1.0),
-        ("by hand, each rank's softmax over its own half of the vocabulary: loss", unreduced / lp_loss, 1.0),
+        ("by hand, each rank's softmax over its own share of the vocabulary: loss", unreduced / lp_loss, 1.0),
     ):
         try:
             check_close(name, got.double(), torch.tensor(expected, dtype=torch.float64), 1e-5)
@@ -165,7 +166,7 @@ def checks(device, seed: int) -> dict:
             print(f"negative control: {failed}")
     kept = rings["saved_beyond_qkv"]
     print(
-        f"one attention, 64 positions over 2 ranks, saved for backward beyond a rank's own q, k, v: "
+        f"one attention, 64 positions over {n} ranks, saved for backward beyond a rank's own q, k, v: "
         f"ring_attention {kept['ring_attention']:,} bytes, ring_flash_attention {kept['ring_flash_attention']:,} "
         f"(its own K and V: {rings['kv_share_bytes']:,})"
     )
@@ -185,22 +186,24 @@ def main() -> int:
     args = parser.parse_args()
     # Checked before the group is joined: a bad request is one line, before anything starts.
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size != WORLD_SIZE:
+    if world_size not in WORLD_SIZES:
         parser.error(
-            f"runs on {WORLD_SIZE} processes (torchrun --nproc_per_node={WORLD_SIZE}): the layouts it tracks "
-            f"split over 2 (cp runs on exactly 2), got {world_size}"
+            f"runs on 2 or 4 processes (torchrun --nproc_per_node=2): the capstone's 4 heads and 12-token "
+            f"vocabulary split over them, and its 8 positions in 2 zig-zag chunks per rank; got {world_size}"
         )
     device = setup()
     result = checks(device, args.seed)
-    tracked = {name: track_layout(name, device, seed=args.seed) for name in TRACKED}
+    # The layouts whose row of the table runs on this many processes (cp: 2 only).
+    names = [name for name in TRACKED if LAYOUTS[name].refusal(world_size) is None]
+    tracked = {name: track_layout(name, device, seed=args.seed) for name in names}
     # Every rank's peaks, in rank order.
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, tracked)
     if dist.get_rank() == 0:
-        result["tracked"] = {name: [rank[name] for rank in every] for name in TRACKED}
+        result["tracked"] = {name: [rank[name] for rank in every] for name in names}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-        sys.stdout.write(f"tracked {', '.join(TRACKED)} on {dist.get_world_size()} ranks; wrote {args.out}\n")
+        sys.stdout.write(f"tracked {', '.join(names)} on {world_size} ranks; wrote {args.out}\n")
     return 0
 
 

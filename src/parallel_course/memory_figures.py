@@ -61,4 +61,4 @@ def plot_peak_parts(ax, peaks: dict[str, dict[str, int]]) -> None:
         ax.bar(names, heights, bottom=bottoms, color=colour, label=part)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set(ylabel="kB on rank 0 at the peak", title="What the tracker saw at each layout's peak")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
