@@ -84,6 +84,18 @@ def by_part(kinds: dict[str, int]) -> dict[str, int]:
     return parts
 
 
+def least(ranks: list[dict], moment: str = "peak") -> dict[str, int]:
+    """Of every rank's steps after the first (which makes AdamW's state), the snapshot ``moment``
+    ("peak" or "after_forward") with the smallest total: the steady figure. On gloo a collective's
+    buffers are let go by gloo's own thread once the collective completes, so a step whose peak (or
+    forward's end) falls before that counts them too, now and then; the smallest of the steps does
+    not. ranks: track_layout's results, one per rank."""
+    steps = [step[moment] for run in ranks for step in run["peaks"][1:]]
+    if not steps:
+        raise ValueError("no step after the first: track at least 2 iterations")
+    return min(steps, key=lambda kinds: kinds["Total"])
+
+
 def tracker_for(model: torch.nn.Module, optimizer) -> MemTracker:
     """FSDPMemTracker for a model FSDP2 sharded, MemTracker (told about the model and optimizer made
     before it) for any other."""
@@ -109,7 +121,7 @@ def ddp_bucket_bytes(wrapper) -> int:
 
 
 def track_layout(
-    name: str, device: torch.device | str = "cpu", global_batch: int = GLOBAL_BATCH, iterations: int = 2, seed: int = 0
+    name: str, device: torch.device | str = "cpu", global_batch: int = GLOBAL_BATCH, iterations: int = 3, seed: int = 0
 ) -> dict:
     """The capstone's GPT in layout ``name`` (parallel_course.training, on the process group this
     process has joined, as train_gpt.py builds it), trained ``iterations`` steps of AdamW on addition,

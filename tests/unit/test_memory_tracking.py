@@ -3,6 +3,7 @@ its forward leaves explained (forward_leaves), the accounting beside it; selecti
 recomputation counted (and the policy that matches no Linear caught); offload's bytes counted (and
 the weights moved too caught); the figure of the tracked peaks."""
 
+import pytest
 import torch
 from matplotlib.figure import Figure
 
@@ -28,6 +29,16 @@ def test_single_layout_tracked_every_byte_after_forward_explained():
     assert peak["activations"] == after["Activation"] - leaves["outside the blocks"]
     assert peak["gradients"] == 4 * (12 * 64 + 2 * 64)
     assert peak["total"] == sum(v for k, v in peak.items() if k != "total")
+
+
+def test_least_takes_the_smallest_steady_snapshot():
+    def step(total):
+        return {"peak": {"Total": total}, "after_forward": {"Total": total - 1}}
+
+    ranks = [{"peaks": [step(1), step(9), step(7)]}, {"peaks": [step(2), step(8), step(10)]}]
+    assert mt.least(ranks) == {"Total": 7} and mt.least(ranks, "after_forward") == {"Total": 6}
+    with pytest.raises(ValueError, match="at least 2"):
+        mt.least([{"peaks": [step(1)]}])
 
 
 def test_accounting_of_the_layouts():
