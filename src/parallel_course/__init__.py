@@ -24,7 +24,7 @@ Small modules, each doing what its name says:
 - ``input_pipeline`` data sets and timers for feeding a training step (11b)
 - ``transformer_memory`` memory per rank of a GPT by layout, from formulas (11)
 - ``context_parallel`` a sequence split over ranks: block attention merged by log-sum-exp, ring and
-                     Ulysses attention, zig-zag positions, the all-to-all (13a, 13b)
+                     Ulysses attention, zig-zag positions, the all-to-all (13a, 13b); ring-flash (16)
 - ``runs``           what a training run leaves in its ``--out`` folder (04, 09, 11); plots of it; two
                      runs trained alike: losses and gradient norms (11, 11c, 13a, 13b, 14c, 15)
 - ``gradient_scale`` the figures of the gradient's scale: norms per step, gaps from a reference (15)
@@ -38,6 +38,13 @@ Small modules, each doing what its name says:
                      all-gather bytes (17a)
 - ``compiled``       torch.compile per block under sharding; graphs, breaks, recompiles and the collectives
                      of compiled code counted; compiled autograd (17b)
+- ``flash_attention`` FlashAttention by hand: tiles, the online softmax, a backward that recomputes;
+                     bytes saved for backward counted (16)
+- ``loss_memory``    the cross-entropy over chunks recomputed in backward; the vocabulary-parallel loss by hand (16)
+- ``memory_tracking`` torch's memory trackers on the capstone's layouts, every byte set beside the
+                     accounting; selective checkpointing's policy; offload hooks (16)
+- ``memory_figures`` chapter 16's figures: FlashAttention's tiles, bytes saved against the sequence,
+                     the tracked peaks by layout
 - ``compat``         what differs between torch 2.11-2.13, one helper per fact: versions and one-line
                      notes or refusals, DDP's buffer-sync keyword, the single-tensor collectives' names,
                      a group's timeout

@@ -11,6 +11,12 @@ sequence:
 - **Ulysses.** An all-to-all turns "my positions, every head" into "every position, my heads",
   whole-sequence attention runs on H/N heads, and a second all-to-all turns it back.
 
+The ring above keeps, for backward, every key/value block it received (autograd saves them):
+the whole sequence's K and V on every rank. ``ring_flash_attention`` (chapter 16, and the
+capstone's ``--parallel cp``) is the ring as published and as torch runs it: an autograd Function
+built on ``parallel_course.flash_attention`` that keeps only the rank's own q, k, v, output and
+log-sum-exp, and sends K and V round again in backward, their gradients travelling home with them.
+
 Causal masking is decided per block pair from the chunks' global places: a key chunk after the
 query chunk is skipped, the same chunk is masked on its diagonal, an earlier chunk is attended to
 in full. With a contiguous split the last rank does most of the work; the zig-zag split (rank r
@@ -24,6 +30,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from .flash_attention import flash_backward, flash_forward
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -196,6 +204,102 @@ def ring_attention(
     # rank that used none of the last keys it received (the first ranks of a contiguous split)
     # would skip those steps and leave its neighbours waiting: a zero-weighted use keeps them.
     return torch.cat([acc.out for acc in running], dim=-2) + 0 * kv.sum()
+
+
+def ring_flash_forward(q, k, v, group, layout: str, block_size: int):
+    """Ring-flash's forward: this rank's output and log-sum-exp, the blocks computed with
+    FlashAttention's tiles as they arrive and merged (RunningAttention), each received block let go
+    once passed on."""
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    mine = chunks_of(rank, world_size, layout)
+    running = [RunningAttention() for _ in mine]
+    kv = torch.stack([k, v])
+    for step in range(world_size):
+        source = (rank - step) % world_size
+        keys, values = kv[0].chunk(len(mine), dim=-2), kv[1].chunk(len(mine), dim=-2)
+        for q_chunk, q_i, acc in zip(mine, q.chunk(len(mine), dim=-2), running):
+            for k_chunk, k_j, v_j in zip(chunks_of(source, world_size, layout), keys, values):
+                kind = mask_kind(q_chunk, k_chunk)
+                if kind != "skip":
+                    out, lse, _ = flash_forward(q_i, k_j, v_j, causal=kind == "causal", block_size=block_size)
+                    acc.add((out, lse))
+        if step < world_size - 1:
+            kv = shift(kv, group, +1)
+    # In q's memory layout, as SDPA returns it: the heads' outputs side by side for each position,
+    # so the projection after attention takes a view of it, not a second copy.
+    out = torch.empty_like(q).copy_(torch.cat([acc.out for acc in running], dim=-2))
+    return out, torch.cat([acc.lse for acc in running], dim=-1)
+
+
+def ring_flash_backward(q, k, v, out, lse, grad_out, group, layout: str, block_size: int, gradients_home: bool = True):
+    """Ring-flash's backward: dq, dk, dv of this rank's share. The keys and values go round the
+    ring again; against each arriving block this rank's queries recompute their probabilities
+    (flash_backward, from the saved log-sum-exp) and add their part of the block's dK and dV to the
+    gradients that travel with it. After N hops the gradients are back with their owner."""
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    mine = chunks_of(rank, world_size, layout)
+    n = len(mine)
+    # D = rowsum(dO * O), once per query, over the whole attention.
+    delta = (grad_out * out).sum(-1)
+    dq = torch.zeros_like(q)
+    queries = list(
+        zip(mine, q.chunk(n, -2), grad_out.chunk(n, -2), lse.chunk(n, -1), delta.chunk(n, -1), dq.chunk(n, -2))
+    )
+    kv = torch.stack([k, v])
+    dkv = torch.zeros_like(kv)
+    for step in range(world_size):
+        source = (rank - step) % world_size
+        blocks = zip(chunks_of(source, world_size, layout), *(t.chunk(n, -2) for t in (*kv, *dkv)))
+        for k_chunk, k_j, v_j, dk_j, dv_j in blocks:
+            for q_chunk, q_i, do_i, lse_i, delta_i, dq_i in queries:
+                kind = mask_kind(q_chunk, k_chunk)
+                if kind != "skip":
+                    grads = flash_backward(
+                        q_i, k_j, v_j, None, lse_i, do_i, causal=kind == "causal", block_size=block_size, delta=delta_i
+                    )
+                    for into, grad in zip((dq_i, dk_j, dv_j), grads):
+                        into += grad
+        if step < world_size - 1:
+            kv = shift(kv, group, +1)
+        # The last hop takes each block's gradients home (left out: the negative control).
+        if step < world_size - 1 or gradients_home:
+            dkv = shift(dkv, group, +1)
+    return dq, dkv[0], dkv[1]
+
+
+class RingFlashAttention(torch.autograd.Function):
+    """Ring attention that saves for backward only this rank's q, k, v, output and log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, layout, block_size, gradients_home):
+        out, lse = ring_flash_forward(q, k, v, group, layout, block_size)
+        ctx.args = (group, layout, block_size, gradients_home)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        return *ring_flash_backward(q, k, v, out, lse, grad_out.contiguous(), *ctx.args), None, None, None, None
+
+
+def ring_flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group=None,
+    layout: str = "zigzag",
+    block_size: int = 128,
+    gradients_home: bool = True,
+) -> torch.Tensor:
+    """Causal ring attention as published (Liu et al.) and as torch's own ring runs it: the same
+    ring and merge as ring_attention, each block pair computed with FlashAttention's tiles
+    (parallel_course.flash_attention), but an autograd Function that keeps for backward only this
+    rank's q, k, v, its output and log-sum-exp. Its backward sends the keys and values round the
+    ring again, each rank recomputing its queries' probabilities against every block it receives,
+    and the blocks' gradients travel with them back to their owners: N-1 more hops of K and V and
+    N hops of their gradients, in exchange for the received blocks' memory."""
+    return RingFlashAttention.apply(q, k, v, group, layout, block_size, gradients_home)
 
 
 def pairs_per_rank(seq_len: int, world_size: int, layout: str) -> list[int]:

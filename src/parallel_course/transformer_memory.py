@@ -41,7 +41,8 @@ micro-batch b is per dp rank, shared by its c context ranks). Each rank holds s/
   with Blockwise Transformers", arXiv:2310.01889; torch's ``_templated_ring_attention_backward``),
   so that a rank keeps only its own K and V. A ring written with plain autograd, as chapter 13a's
   ``context_parallel.ring_attention`` (its ``rotate`` is differentiable), keeps every block it
-  received: K and V of the whole sequence, 4·s·b·h/t bytes per layer instead of 4·s·b·h/(c·t).
+  received: K and V of the whole sequence, 4·s·b·h/t bytes per layer instead of 4·s·b·h/(c·t);
+  its ``ring_flash_attention`` (the capstone's ``apply_cp``) keeps only its own.
   DeepSpeed-Ulysses (Jacobs et al., arXiv:2309.14509) keeps the same number of elements: inside
   attention each rank holds all s positions of a/c heads instead of s/c positions of all heads
   (it needs c to divide the a/t heads of a rank); its buffers are the all-to-all's, not modelled.

@@ -31,6 +31,7 @@ launcher and its workers together); torchrun --standalone picks a free port each
 """
 
 import ast
+import contextlib
 import copy
 import json
 import math
@@ -586,13 +587,17 @@ def test_train_gpt_expert_parallel_on_nccl_equals_one_gpu(tmp_path):
 @needs_gpus(2)
 def test_context_parallel_on_nccl_equals_whole_sequence_attention(tmp_path):
     """train_gpt.py's cp layout (ring attention over 2 GPUs: nccl's batched send and receive of CUDA
-    tensors, forward and backward, DDP over the cp ranks) gives the losses of one GPU; on 4 GPUs,
+    tensors, forward and backward, DDP over the cp ranks) gives the losses of one GPU, each rank keeping
+    at most 0.6 of its activation bytes (ring-flash, chapter 16); on 4 GPUs,
     c13a_context_parallel.py's ring (contiguous, zig-zag) and Ulysses (all_to_all_single) match
     SDPA on the whole sequence, and its negative control still fails."""
     reference = gpt_run(tmp_path, "single", 1)
     run = gpt_run(tmp_path, "cp", 2)
     assert run["mesh"] == {"dp": 1, "pp": 1, "cp": 2, "tp": 1}
     assert_same_losses_and_sharded(reference, run, sharded=False)
+    # Ring-flash (chapter 16) keeps each rank's own K and V only: at most 0.6 of one GPU's activations.
+    kept = [m["activation_bytes"] / reference["memory"][0]["activation_bytes"] for m in run["memory"]]
+    assert max(kept) <= 0.6, kept
     if GPUS >= 4:
         stdout = ok(torchrun(4, SCRIPTS / "c13a_context_parallel.py", "--out", "cp.json", cwd=tmp_path))
         checks = [line for line in stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
@@ -964,6 +969,53 @@ def test_deterministic_mode_refuses_histc_on_cuda():
             torch.histc(torch.rand(100, device="cuda"))
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+# --------------------------------------------------------------------------- 5c. memory (16)
+
+
+@needs_gpus(1)
+def test_flash_attention_and_offload_on_cuda():
+    """Chapter 16's FlashAttention by hand on CUDA tensors equals SDPA's CUDA kernels (outputs and
+    gradients, float32, a sequence its tiles do not divide); and Offload's hooks take the saved
+    activations out of the GPU's memory in forward (pinned host copies), giving the same gradients:
+    what a CPU, where host and device are one memory, cannot show."""
+    from parallel_course import memory_tracking as mt
+    from parallel_course.flash_attention import flash_attention
+    from parallel_course.gpt import GPT, AdditionTask, GPTConfig, answer_loss_sum
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, w = (torch.randn(2, 3, 37, 16, generator=g).cuda() for _ in range(4))
+    for causal in (False, True):
+        results = []
+        for attention in (
+            lambda *t, c=causal: F.scaled_dot_product_attention(*t, is_causal=c),
+            lambda *t, c=causal: flash_attention(*t, causal=c, block_size=8),
+        ):
+            inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = attention(*inputs)
+            results.append([out.detach(), *torch.autograd.grad((out * w).sum(), inputs)])
+        for got, expected in zip(results[1], results[0]):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+    x, y = (t.cuda() for t in AdditionTask(2).batch(torch.Generator().manual_seed(1), 256))
+    held, grads = {}, {}
+    for offloaded in (False, True):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig()).cuda()
+        offload = mt.Offload(model)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with offload.hooks() if offloaded else contextlib.nullcontext():
+            loss_sum, _ = answer_loss_sum(model(x), y)
+            torch.cuda.synchronize()
+            held[offloaded] = torch.cuda.memory_allocated() - before
+            loss_sum.backward()
+        grads[offloaded] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert offload.bytes_out == offload.bytes_back > 0
+    # Most of what the forward kept left the GPU: at least half of the bytes moved out.
+    assert held[True] <= held[False] - offload.bytes_out // 2, (held, offload.bytes_out)
+    torch.testing.assert_close(grads[True], grads[False], rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- everywhere: the guards

@@ -11,7 +11,9 @@ error line, exit code 2, nothing written; --help lists the table; one short run 
 the throughput figures in metrics.json; and the gradient's scale in every layout of the table, in
 three launches (one per process count, train_gpt_runs.py): with clipping firing in every step, on
 problems of mixed lengths, some with micro-batches, each layout's gradient norms and losses equal
-one process's; a step whose norm is not finite (injected on one rank only) is skipped by every rank.
+one process's; a step whose norm is not finite (injected on one rank only) is skipped by every rank;
+and the memory of --parallel cp (chapter 16: ring-flash attention keeps each rank's own keys and
+values only): at most 0.6 of one process's activation bytes per rank, the losses equal.
 """
 
 import json
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import job_command, job_environment, load_script
+from helpers import job_command, job_environment, launch, load_script
 from parallel_course.launch import run_bounded
 from parallel_course.training.layouts import LAYOUTS
 
@@ -263,3 +265,19 @@ def test_a_step_whose_norm_is_not_finite_is_skipped_by_every_rank(scale_runs):
     assert relative(ddp["losses"], one["losses"]) < 1e-4
     assert relative(one["losses"][:3], clean["losses"][:3]) < 1e-6
     assert relative(one["losses"][3:], clean["losses"][3:]) > 1e-3
+
+
+def test_context_parallel_keeps_at_most_0_6_of_one_process_activations(train_gpt, tmp_path):
+    """--parallel cp on 2 ranks: each rank's activation bytes (metrics.json's memory[*].activation_bytes,
+    every tensor autograd saves, once) at most 0.6 of one process's (ring-flash keeps a rank's own
+    K and V; chapter 13a's ring, which keeps every block it received, kept 0.72), with the same
+    losses. One process runs here, in this process (a group of one); cp is launched."""
+    run = ["--steps", "2", "--global-batch-size", "16"]
+    cp = launch(job_command(SCRIPT, 2, "--parallel", "cp", *run, "--out", tmp_path / "cp"), cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert train_gpt.main(["--parallel", "single", *run, "--out", str(tmp_path / "single")]) == 0
+    train_gpt.teardown()
+    single, split = (json.loads((tmp_path / n / "metrics.json").read_text()) for n in ("single", "cp"))
+    kept = [m["activation_bytes"] / single["memory"][0]["activation_bytes"] for m in split["memory"]]
+    assert len(kept) == 2 and max(kept) <= 0.6, kept
+    assert split["losses"] == pytest.approx(single["losses"], rel=1e-5)

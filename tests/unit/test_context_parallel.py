@@ -128,3 +128,62 @@ def test_ulysses_refuses_heads_it_cannot_divide(group_of_one, monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
     with pytest.raises(ValueError, match="4 heads do not split evenly over 3"):
         cp.sequence_to_heads(torch.zeros(1, 4, 2, 8))
+
+
+def test_ring_flash_in_a_group_of_one(group_of_one):
+    q, k, v = (t.requires_grad_() for t in qkv(T=8, dtype=torch.float32))
+    whole = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grads = torch.autograd.grad(whole.square().sum(), (q, k, v))
+    out = cp.ring_flash_attention(q, k, v, block_size=4)
+    torch.testing.assert_close(out, whole)
+    for got, expected in zip(torch.autograd.grad(out.square().sum(), (q, k, v)), grads):
+        torch.testing.assert_close(got, expected)
+
+
+def ring_flash_on_threads(q, k, v, weight, world_size, layout, gradients_home=True):
+    """ring_flash_attention on one thread per rank (parallel_course.slips.simulated_group), forward
+    and backward: the whole output and gradients, what each rank saved for backward, the messages."""
+    from parallel_course.flash_attention import SavedTensors
+    from parallel_course.slips.simulated_group import simulate
+
+    def rank_run(rank):
+        mine = [cp.split_sequence(t, rank, world_size, layout).clone().requires_grad_() for t in (q, k, v)]
+        with SavedTensors(*mine) as saved:
+            out = cp.ring_flash_attention(*mine, layout=layout, block_size=3, gradients_home=gradients_home)
+        (out * cp.split_sequence(weight, rank, world_size, layout)).sum().backward()
+        return out.detach(), [t.grad for t in mine], saved.bytes
+
+    outcome = simulate(rank_run, [(r,) for r in range(world_size)])
+    assert outcome.error is None and outcome.deadlock is None, (outcome.error, outcome.deadlock)
+    out = cp.unsplit_sequence([r[0] for r in outcome.results], layout)
+    grads = [cp.unsplit_sequence([r[1][i] for r in outcome.results], layout) for i in range(3)]
+    return out, grads, [r[2] for r in outcome.results], outcome
+
+
+@pytest.mark.parametrize("world_size, layout", [(2, "zigzag"), (3, "contiguous"), (3, "zigzag")])
+def test_ring_flash_on_simulated_ranks_equals_sdpa_and_keeps_only_its_own(world_size, layout):
+    q, k, v = (t.requires_grad_() for t in qkv(T=12 * world_size, dtype=torch.float32))
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
+    whole = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = torch.autograd.grad((whole * weight).sum(), (q, k, v))
+    out, grads, saved, outcome = ring_flash_on_threads(q.detach(), k.detach(), v.detach(), weight, world_size, layout)
+    torch.testing.assert_close(out, whole.detach(), atol=1e-5, rtol=0)
+    for got, e in zip(grads, expected):
+        torch.testing.assert_close(got, e, atol=1e-5, rtol=0)
+    # Saved: its own q, k, v and output (4 shares) and one log-sum-exp per query (a share / head_dim).
+    share = q[..., : q.shape[-2] // world_size, :]
+    assert saved == [share.numel() * 4 * (4 + 1 / 8)] * world_size
+    # Each rank sends its K/V N-1 times in forward, again in backward, and the gradients N times.
+    for rank in range(world_size):
+        sent = [m.numel for m in outcome.sent(rank)]
+        assert sent == [2 * share.numel()] * (3 * world_size - 2)
+        assert {m.dst for m in outcome.sent(rank)} == {(rank + 1) % world_size}
+
+
+def test_ring_flash_whose_gradients_miss_their_last_hop_is_caught():
+    q, k, v = qkv(T=8, dtype=torch.float32)
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
+    _, right, _, _ = ring_flash_on_threads(q, k, v, weight, 2, "zigzag")
+    _, wrong, _, _ = ring_flash_on_threads(q, k, v, weight, 2, "zigzag", gradients_home=False)
+    torch.testing.assert_close(wrong[0], right[0])
+    assert (wrong[1] - right[1]).abs().max() > 1e-2 and (wrong[2] - right[2]).abs().max() > 1e-2

@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..context_parallel import positions_of, ring_attention
+from ..context_parallel import positions_of, ring_flash_attention
 from ..gpt import GPT, answer_loss_sum
 from .experts import apply_ep
 
@@ -136,8 +136,9 @@ def apply_ddp(model: GPT, dp_mesh: DeviceMesh) -> DDP:
 def apply_cp(model: GPT, cp_mesh: DeviceMesh) -> None:
     """Context parallelism: each block's attention becomes ring attention over the cp ranks, each
     holding its zig-zag share of every sequence's positions (sequence_share); the weights stay
-    whole, and DDP over cp averages their gradients."""
-    ring = functools.partial(ring_attention, group=cp_mesh.get_group(), layout=CP_LAYOUT)
+    whole, and DDP over cp averages their gradients. The ring is ring_flash_attention: it keeps only
+    the rank's own keys and values for backward, and sends them round again there."""
+    ring = functools.partial(ring_flash_attention, group=cp_mesh.get_group(), layout=CP_LAYOUT)
     for block in model.blocks:
         block.attn.attention = ring
 
