@@ -24,8 +24,8 @@ candidates that do not raise at the first call run again from the answer's cell.
 The JSON printed says, per solution and answer, whether it is checked in-kernel, how many
 candidates were tried, which passed, and how long it took; when it is not, why: left to launches by
 design (``ran_as_designed``), or a trial that broke (a cell that names the answer raised before its
-first call, or the solution could not be defined), which tried nothing and is no evidence of no leak. Everything runs with DIR as the
-working directory: nothing is written into the repository.
+first call, or the solution could not be defined), which tried nothing and is no evidence of no
+leak. Everything runs with DIR as the working directory: nothing is written into the repository.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import ast
 import builtins
 import contextlib
 import ctypes
+import gc
 import importlib
 import importlib.util
 import inspect
@@ -246,6 +247,11 @@ def fork_child() -> int:
     its output discarded."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # What the parent holds now is the child's too, and it lives on in the parent: the cyclic garbage
+    # collector need never walk it again in the child. Walking it there costs a second per full
+    # collection (every module the search imported, every candidate; lab 09's teardown() collects
+    # once per trial) and copies every page it touches.
+    gc.freeze()
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
