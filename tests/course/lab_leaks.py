@@ -22,8 +22,10 @@ With a process group started before the first call, a forked child cannot run th
 candidates that do not raise at the first call run again from the answer's cell.
 
 The JSON printed says, per solution and answer, whether it is checked in-kernel, how many
-candidates were tried, which passed, and how long it took. Everything runs with DIR as the
-working directory: nothing is written into the repository.
+candidates were tried, which passed, and how long it took; when it is not, why: left to launches by
+design (``ran_as_designed``), or a trial that broke (a cell that names the answer raised before its
+first call, or the solution could not be defined), which tried nothing and is no evidence of no
+leak. Everything runs with DIR as the working directory: nothing is written into the repository.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import ast
 import builtins
 import contextlib
 import ctypes
+import gc
 import importlib
 import importlib.util
 import inspect
@@ -123,6 +126,7 @@ def answers(cells: list[str]) -> list[dict]:
                         "lines": (first, node.end_lineno),
                         "positional": required_positional(node),
                         "in_file": magic is not None,
+                        "file": magic[0] if magic else None,
                         "code": files[magic[0]] if magic else code,
                         "definition": "\n".join(code.split("\n")[first - 1 : node.end_lineno]),
                     }
@@ -243,6 +247,11 @@ def fork_child() -> int:
     its output discarded."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # What the parent holds now is the child's too, and it lives on in the parent: the cyclic garbage
+    # collector need never walk it again in the child. Walking it there costs a second per full
+    # collection (every module the search imported, every candidate; lab 09's teardown() collects
+    # once per trial) and copies every page it touches.
+    gc.freeze()
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
@@ -274,12 +283,18 @@ def wait_child(pid: int, limit: float) -> int | None:
 def run_cells(cells: list[str], namespace: dict) -> int:
     """How many of ``cells`` run without an exception, in order (all of them, or up to the first that
     raises)."""
+    return run_cells_until(cells, namespace)[0]
+
+
+def run_cells_until(cells: list[str], namespace: dict) -> tuple[int, BaseException | None]:
+    """How many of ``cells`` run without an exception, and the exception that stopped them (None when
+    all ran)."""
     for done, source in enumerate(cells):
         try:
             run_cell(source, namespace)
-        except BaseException:
-            return done
-    return len(cells)
+        except BaseException as error:
+            return done, error
+    return len(cells), None
 
 
 def raise_not_implemented(*args, **kwargs):
@@ -325,6 +340,11 @@ class Probe:
         verdicts, rerun = {}, []
         for label, candidate in self.trials:
             began = time.perf_counter()
+            # Here, with copies, the group works: a candidate that raises at once needs no child (one that
+            # is slow still gets one, and its rerun).
+            if label not in (SOLUTION, STUB) and raises_on_copies(candidate, args, kwargs, slow_fails=False):
+                verdicts[label] = (-1, round(time.perf_counter() - began, 3))
+                continue
             pid = fork_child()
             if pid == 0:
                 try:
@@ -346,6 +366,17 @@ class Probe:
 
 
 SOLUTION, STUB = "(the solution)", "(a stub that raises NotImplementedError)"
+# Why an answer is not checked in the kernel. These two are by design (its checks launch processes;
+# the text comparison covers it); any other reason means its trial did not run as it should.
+NOT_CALLED = "not called by any in-kernel cell (its checks launch processes)"
+UNUSED = "its in-kernel cells pass without it (its checks launch processes)"
+BROKE = "the trial broke"
+
+
+def ran_as_designed(entry: dict) -> bool:
+    """Whether an answer's trial ran as it should: checked, or left to launches by design. A trial that
+    broke, ran out of time, was not reached or saw the solution fail tried nothing: not "no leak"."""
+    return entry["checked"] or entry["why"].startswith((NOT_CALLED, UNUSED))
 
 
 def copied(value):
@@ -372,12 +403,14 @@ def _time_up(signum, frame):
 @contextlib.contextmanager
 def restored():
     """Undo what a call in this process may change outside its arguments: paths, environment, folder,
-    random states, signal handlers, output, a process group it started."""
+    random states, signal handlers, output, a process group it started. A call that ends the group the
+    cells started is an error: the cells could not go on."""
     import random
 
     import torch
     import torch.distributed as dist
 
+    group = dist.group.WORLD if group_started() else None
     path, environ, folder = sys.path[:], dict(os.environ), os.getcwd()
     rng, torch_rng, threads = random.getstate(), torch.get_rng_state(), torch.get_num_threads()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
@@ -388,7 +421,8 @@ def restored():
         signal.setitimer(signal.ITIMER_REAL, 0)
         for number, handler in handlers.items():
             signal.signal(number, handler)
-        if dist.is_available() and dist.is_initialized():
+        now = dist.group.WORLD if group_started() else None
+        if now is not None and now is not group:
             dist.destroy_process_group()
         os.chdir(folder)
         sys.path[:] = path
@@ -397,11 +431,14 @@ def restored():
         random.setstate(rng)
         torch.set_rng_state(torch_rng)
         torch.set_num_threads(threads)
+        if group is not None and now is not group:
+            raise RuntimeError("a candidate ended the process group the cells started")
 
 
-def raises_on_copies(candidate, args, kwargs, limit: float = 2.0) -> bool:
-    """Whether ``candidate`` raises (or runs past ``limit`` seconds) called here with copies of the
-    answer's first arguments. False when they cannot be copied: then a child must tell."""
+def raises_on_copies(candidate, args, kwargs, limit: float = 2.0, slow_fails: bool = True) -> bool:
+    """Whether ``candidate`` raises (or, with ``slow_fails``, runs past ``limit`` seconds) called here
+    with copies of the answer's first arguments. False when they cannot be copied: then a child must
+    tell."""
     try:
         args, kwargs = copied((args, kwargs))
     except Exception:
@@ -411,6 +448,8 @@ def raises_on_copies(candidate, args, kwargs, limit: float = 2.0) -> bool:
         signal.setitimer(signal.ITIMER_REAL, limit)
         try:
             candidate(*args, **kwargs)
+        except TimeUp:
+            return slow_fails
         except BaseException:
             return True
         finally:
@@ -428,8 +467,14 @@ def solution_object(answer: dict, namespace: dict):
     """The solution's own function or class, defined as its cell defines it: in the kernel's variables
     (the state just before its cell), or in the namespace of the file the cell writes."""
     if answer["in_file"]:
-        scope = {"__name__": "lab_leak_solution"}
-        exec(compile(answer["code"], "<solution file>", "exec"), scope)
+        # As the script that imports the file finds what the file imports: its folder first on the path
+        # (lab 05's BucketedDDP imports broadcast_from_rank0 from the file beside it).
+        scope, folder = {"__name__": "lab_leak_solution"}, str(Path(answer["file"]).parent.resolve())
+        sys.path.insert(0, folder)
+        try:
+            exec(compile(answer["code"], "<solution file>", "exec"), scope)
+        finally:
+            sys.path.remove(folder)
     else:
         # The cell up to the end of the definition: what comes before it (imports) is what it uses.
         scope = namespace
@@ -449,13 +494,21 @@ def trial(cells: list[str], namespace: dict, answer: dict, found: list, report: 
             probe.target = dict(trials)[only]
         setattr(builtins, SLOT, probe)
         rest = [replaced(cells[answer["cell"]], answer)] + cells[answer["cell"] + 1 :]
-        done = run_cells(rest, namespace)
-    except BaseException as error:
-        report.write_text(json.dumps({"why": f"the trial broke: {type(error).__name__}: {error}"}))
+        done, error = run_cells_until(rest, namespace)
+    except BaseException as broke:
+        report.write_text(json.dumps({"why": f"{BROKE}: {type(broke).__name__}: {broke}"}))
         os._exit(0)
     # Here in a child: how many cells it ran. Here in the trial: the probe was never called.
     if getattr(builtins, SLOT).target is None:
-        report.write_text(json.dumps({"why": "not called by any in-kernel cell (its checks launch processes)"}))
+        why = NOT_CALLED
+        if error is not None and any(re.search(rf"\b{answer['name']}\b", cell) for cell in rest[done:]):
+            # A cell that names the answer raised before calling it: nothing was tried, which is not
+            # "no leak".
+            why = f"{BROKE}: {type(error).__name__} {done} cell(s) after the answer's, before any call: {error}"
+        elif error is not None:
+            # A check that reads the answer's text (lab 04's script) fails with the probe in its place.
+            why = f"{NOT_CALLED}; a cell that does not name it raised: {type(error).__name__}: {error}"
+        report.write_text(json.dumps({"why": why}))
         os._exit(0)
     os._exit(min(done, 250))
 
@@ -473,7 +526,7 @@ def judge(result: dict, n_cells: int) -> dict:
     if not reached:
         entry["why"] = "the solution fails in its own cell"
     elif stub == reached:
-        entry["why"] = "its in-kernel cells pass without it (its checks launch processes)"
+        entry["why"] = UNUSED
     else:
         entry["checked"] = True
         entry["passed"] = [label for label, (done, _) in verdicts.items() if done == reached]

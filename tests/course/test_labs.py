@@ -232,6 +232,43 @@ check_equal("3 stages, 2 micro-batches", one_f_one_b(3, 2),
 ]
 
 
+# Two labs whose answers the search must try, or say that it could not. The first's answer lives in a
+# file that imports the file beside it (as lab 05's BucketedDDP does), and no cell puts that folder on
+# the path before the check: the search must still define the solution and try the candidates. The
+# second's check reads the answer's name before calling it: a cell raises before any call, so nothing
+# is tried, and the search must say its trial broke (not "not called", which reads as no leak).
+PLANTED_SIBLING = [
+    "%%writefile work/planted_helper.py\ndef helper(a, b, c, d, e):\n    return a + b + c + d + e\n",
+    """%%writefile work/planted_sum.py
+from planted_helper import helper
+
+
+def five_sum(a, b, c, d, e):
+    ### BEGIN SOLUTION
+    return helper(a, b, c, d, e)
+    ### END SOLUTION""",
+    """# check it
+import sys
+sys.path.insert(0, "work")
+import planted_sum
+assert planted_sum.five_sum(1, 2, 3, 4, 5) == 15""",
+]
+PLANTED_BROKEN = [
+    """def add_one(x):
+    ### BEGIN SOLUTION
+    return x + 1
+    ### END SOLUTION""",
+    """# check it: the answer's name, then what it returns
+print(add_one.__name__)
+assert add_one(1) == 2""",
+]
+
+
+def _notebook(cells: list[str], path: Path) -> Path:
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c} for c in cells]}))
+    return path
+
+
 def _planted_answers(solution: Path, into: Path) -> Path:
     """A module holding a solution's answers, each renamed: what an importable answer looks like."""
     leaks = load_script(LEAK_SEARCH)
@@ -245,31 +282,48 @@ def _planted_answers(solution: Path, into: Path) -> Path:
 @pytest.fixture(scope="module")
 def leak_search(tmp_path_factory):
     """One search (tests/course/lab_leaks.py) over every solution, with two that must be caught: a
-    module planted on the path with lab 07a's answers under other names, and lab 07a's old task."""
+    module planted on the path with lab 07a's answers under other names, and lab 07a's old task; and
+    two planted labs whose trials must run (an answer in a file importing its neighbour) or be said
+    to have broken."""
     tmp = tmp_path_factory.mktemp("leaks")
-    old = {"cells": [{"cell_type": "code", "source": c} for c in OLD_LAB_07A]}
-    (tmp / "old_lab07a.ipynb").write_text(json.dumps(old))
+    planted_labs = [
+        _notebook(OLD_LAB_07A, tmp / "old_lab07a.ipynb"),
+        _notebook(PLANTED_SIBLING, tmp / "planted_sibling.ipynb"),
+        _notebook(PLANTED_BROKEN, tmp / "planted_broken.ipynb"),
+    ]
     planted = _planted_answers(ROOT / "solutions" / "lab07_pipeline_schedule.ipynb", tmp)
     (tmp / "work").mkdir()
     command = [sys.executable, str(LEAK_SEARCH), "--work", str(tmp / "work"), "--plant", str(planted)]
-    result = run_bounded([*command, *map(str, SOLUTIONS), str(tmp / "old_lab07a.ipynb")], timeout=600)
+    result = run_bounded([*command, *map(str, SOLUTIONS), *map(str, planted_labs)], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     print(f"leak search: {report['import_seconds']} s to import, {report['seconds']} s in all", report["lab_seconds"])
     return report
 
 
+def _search_findings(leak_search, labs):
+    """(answers that an importable candidate passes, answers whose trial did not run as designed,
+    answers left to launches) of these labs (names of notebooks)."""
+    ran_as_designed = load_script(LEAK_SEARCH).ran_as_designed
+    leaks, broken, unchecked = [], [], []
+    for lab in labs:
+        for name, entry in leak_search["labs"][lab].items():
+            if not ran_as_designed(entry):
+                broken.append(f"{lab}: {name}: {entry['why']}")
+            elif not entry["checked"]:
+                unchecked.append(f"{lab}: {name}: {entry['why']}")
+            passed = [label for label in entry["passed"] if not label.startswith("planted:")]
+            leaks += [f"{lab}: {label} passes the checks of {name}" for label in passed]
+    return leaks, broken, unchecked
+
+
 def test_no_importable_function_passes_a_labs_check(leak_search):
     """No function or class that a lab can import (the package, scripts/) passes a lab's in-kernel
-    checks in place of the student's answer, whatever its name."""
-    leaks, unchecked = [], []
-    for solution in SOLUTIONS:
-        for name, entry in leak_search["labs"][solution.name].items():
-            if not entry["checked"]:
-                unchecked.append(f"{solution.stem}.{name}: {entry['why']}")
-            passed = [label for label in entry["passed"] if not label.startswith("planted:")]
-            leaks += [f"{solution.name}: {label} passes the checks of {name}" for label in passed]
+    checks in place of the student's answer, whatever its name; and every answer's trial ran: one
+    that broke tried nothing, which is not "no leak"."""
+    leaks, broken, unchecked = _search_findings(leak_search, [solution.name for solution in SOLUTIONS])
     print("answers checked only by launches (the text comparison covers them):", *unchecked, sep="\n  ")
+    assert not broken, "the leak search tried nothing for these answers:\n" + "\n".join(broken)
     lab07 = leak_search["labs"]["lab07_pipeline_schedule.ipynb"]
     assert all(lab07[name]["checked"] and lab07[name]["candidates"] for name in ("budget_orders", "step_slots"))
     # Lab 15's answers are checked in the kernel: a package function of the same signature would be found.
@@ -284,3 +338,16 @@ def test_the_leak_search_finds_an_importable_answer(leak_search):
         assert f"planted:planted_answers.py:planted_{name}" in lab07[name]["passed"], lab07[name]
     old = leak_search["labs"]["old_lab07a.ipynb"]["one_f_one_b"]
     assert "parallel_course.model_parallel:one_f_one_b_orders" in old["passed"], old
+
+
+def test_a_trial_that_breaks_is_not_counted_as_no_leak(leak_search):
+    """An answer in a file that imports its neighbour is tried like any other (lab 05's BucketedDDP once
+    broke the search: its file's import was not found); a check that raises before the answer's first
+    call tries nothing, and the findings say so instead of passing it as "no leak"."""
+    sibling = leak_search["labs"]["planted_sibling.ipynb"]["five_sum"]
+    assert sibling["checked"] and sibling["candidates"], sibling
+    assert _search_findings(leak_search, ["planted_sibling.ipynb"])[:2] == ([], [])
+    broken = leak_search["labs"]["planted_broken.ipynb"]["add_one"]
+    assert not broken["checked"] and broken["why"].startswith("the trial broke: AttributeError"), broken
+    leaks, found, _ = _search_findings(leak_search, ["planted_broken.ipynb"])
+    assert not leaks and len(found) == 1 and "add_one" in found[0], found
