@@ -148,10 +148,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     parser.add_argument(
-        "--dtype", choices=DTYPES, default="float32", help="the forward's: bfloat16 is autocast (default float32)"
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="the forward's: bfloat16 under autocast, the weights and AdamW's state float32 (default float32)",
     )
-    parser.add_argument("--float8", action="store_true", help="torchao's FP8 linears (emulated on a CPU)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile every block")
+    parser.add_argument(
+        "--float8", action="store_true", help="the blocks' linears torchao's FP8 ones (emulated without FP8 GPUs)"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile every block (after TP and FSDP)")
     parser.add_argument(
         "--compile-backend", choices=("eager", "aot_eager", "inductor"), help="--compile's (default aot_eager)"
     )
