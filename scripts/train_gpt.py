@@ -321,12 +321,12 @@ def build_model(args: argparse.Namespace, meshes, device: torch.device):
 
 def make_optimizer(model, args) -> torch.optim.AdamW:
     """AdamW over every parameter of this rank, at --lr; with FP8 all-gathers, the weights' scales
-    computed after each of its steps (Precision.after_steps)."""
+    computed again after each of its steps (Precision.keep_scales)."""
     # On a GPU, AdamW updates every parameter in one foreach kernel, which cannot mix DTensors with
     # plain tensors: in the tp layout the embeddings and norms stay plain beside the sharded weights.
     mixed = len({isinstance(p, DTensor) for p in model.parameters()}) > 1
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False if mixed else None)
-    args.precision.after_steps(optimizer, model)
+    args.precision.keep_scales(optimizer, model)
     return optimizer
 
 

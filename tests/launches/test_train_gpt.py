@@ -124,8 +124,7 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
         (["--float8", "--moe-experts", "2"], 1, "--float8 runs with the dense MLP: drop --moe-experts"),
         (["--dtype", "float16"], 1, "invalid choice"),
         (["--compile-backend", "aot_eager"], 1, "--compile-backend needs --compile"),
-        (["--float8", "--parallel", "fsdp", "--resume", "CKPT_STEP_4"], 2, "--float8 does not resume under FSDP yet"),
-        (["--float8", "--parallel", "tp", "--resume", "CKPT_STEP_4"], 2, None),
+        (["--float8", "--parallel", "fsdp", "--resume", "CKPT_STEP_4"], 2, None),
         (["OUT_IS_A_FILE"], 1, "exists and is not a folder"),
         ([], 1, "required: --out"),
     ],
@@ -214,7 +213,8 @@ MOE = "--moe-experts 4 --top-k 2 --capacity-factor 2"
 # (the pipelines' default is 2 per stage); the experts' layouts are compared with one process with
 # the same experts; "_inject": a NaN in one rank's gradient in step 3. The same launches train the
 # dense layouts with --compile and --float8 ("_compile", "_float8": the layout's own options and the
-# flag), one process and 2d with --dtype bfloat16, and ddp's FP8 run with a gradient half its size.
+# flag), one process and 2d with --dtype bfloat16, ddp's FP8 run with a gradient half its size, and
+# fsdp's FP8 run stopped at step 3 and resumed ({out}: the launch's folder).
 SCALE_RUNS = {
     1: {
         "single": "",
@@ -239,6 +239,8 @@ SCALE_RUNS = {
         "fsdp_float8": "--grad-accum 2 --float8",
         "tp_float8": "--sequence-parallel --float8",
         "ddp_float8_slip": "--grad-accum 2 --float8 --slip no-dp-factor",
+        "fsdp_float8_saved": "--grad-accum 2 --float8 --steps 3 --checkpoint-dir {out}/fsdp_float8_checkpoints",
+        "fsdp_float8_resumed": "--grad-accum 2 --float8 --resume {out}/fsdp_float8_checkpoints",
     },
     4: {
         "2d": "--sequence-parallel --grad-accum 2",
@@ -264,7 +266,8 @@ def scale_runs(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("scale")
 
     def launch_runs(nproc: int) -> subprocess.CompletedProcess:
-        lines = [f"--parallel {layout_of(n)} {CLIPPED} {o} --out {out / n}" for n, o in SCALE_RUNS[nproc].items()]
+        runs = SCALE_RUNS[nproc].items()
+        lines = [f"--parallel {layout_of(n)} {CLIPPED} {o.format(out=out)} --out {out / n}" for n, o in runs]
         command = job_command(RUNS, None if nproc == 1 else nproc, *lines)
         return run_bounded(command, timeout=240, env=job_environment())
 
@@ -387,6 +390,18 @@ def test_float8_layouts_equal_their_single_process_within_2_tau(scale_runs):
     slipped = scale_runs["ddp_float8_slip"]
     assert drift(slipped, one) <= 2 * tau["losses"]
     assert drift(slipped, one, "gradient_norms") > 2 * tau["gradient_norms"]
+
+
+def test_float8_under_fsdp_resumes_as_if_never_stopped(scale_runs):
+    """fsdp's FP8 run saved at step 3 and resumed (the model built on the meta device, its shards and
+    AdamW's state loaded): steps 4 to 6 bit for bit the uninterrupted run's, losses and gradient norms.
+    The FP8 all-gathers' scales must be the loaded weights': computed in the optimizer's step, as
+    torchtitan does, they would be those of the weights before the load (DCP steps the optimizer
+    once to make its state), and the resumed losses NaN."""
+    whole, resumed = scale_runs["fsdp_float8"], scale_runs["fsdp_float8_resumed"]
+    assert resumed["start_step"] == 3 and scale_runs["fsdp_float8_saved"]["steps"] == 3
+    for key in ("losses", "gradient_norms"):
+        assert resumed[key] == whole[key][3:], key
 
 
 def test_bfloat16_in_2d_equals_one_process_within_2_deltas(scale_runs):

@@ -8,8 +8,9 @@ metrics.json.
   scaling, e4m3 forward, e5m2 gradients; emulated in float32 on a CPU and on GPUs before compute
   capability 8.9). Converted before any parallelism is applied, so that tensor parallelism splits
   the FP8 linears and FSDP2 shards their weights; under FSDP2 the weights are all-gathered in eight
-  bits, and their scales precomputed after every optimizer step in one all-reduce (torchao's
-  ``precompute_float8_dynamic_scale_for_fsdp``, as torchtitan does).
+  bits, and their scales precomputed in one all-reduce before the first forward after every change of
+  the weights (torchao's ``precompute_float8_dynamic_scale_for_fsdp``, which torchtitan calls after
+  every optimizer step; here a checkpoint's load changes them too).
 - ``--compile``: every block compiled (``parallel_course.compiled.compile_blocks``) once TP and
   FSDP2 have put their collectives in it, before DDP wraps the model; the graphs, graph breaks and
   recompiles counted (``CompileCounter``).
@@ -66,10 +67,6 @@ class Precision:
             return f"{asked[0]} runs with --parallel {layouts_that('dense')}, got {layout.name}"
         if asked and args.moe_experts:
             return f"{asked[0]} runs with the dense MLP: drop --moe-experts"
-        # Resumed on the meta device, FSDP2's FP8 gather computes NaN from the first step (torch 2.13,
-        # torchao 0.18), though the loaded shards are right: refused rather than trained on NaN.
-        if args.float8 and args.resume and layout.splits(apply_fsdp):
-            return f"--float8 does not resume under FSDP yet (--parallel {layout.name}): drop --resume"
         return None
 
     def convert(self, model: torch.nn.Module, meshes, device: torch.device) -> None:
@@ -100,12 +97,28 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(device_type, dtype=DTYPES[self.dtype])
 
-    def after_steps(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
-        """With FP8 all-gathers: after every step of ``optimizer``, the scales of the new weights, all
-        computed in one all-reduce (without it, every FP8 weight's own all-reduce before its gather)."""
-        if self.float8_gather:
-            ao = float8.import_torchao()
-            optimizer.register_step_post_hook(lambda *_: ao.precompute_float8_dynamic_scale_for_fsdp(model))
+    def keep_scales(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+        """With FP8 all-gathers: the FP8 weights' scales, all computed in one all-reduce (torchao's
+        ``precompute_float8_dynamic_scale_for_fsdp``; without it, every FP8 weight's gather reduces its
+        own amax), before the first forward after the weights change: at the start, and after every
+        step of ``optimizer``. Not in the step itself: loading a checkpoint steps the optimizer once,
+        with the weights not yet loaded, to make its state (DCP's ``_init_optim_state``), and scales
+        computed then would be the unloaded weights' (NaN)."""
+        if not self.float8_gather:
+            return
+        ao, stale = float8.import_torchao(), [True]
+
+        def changed(*_):
+            stale[0] = True
+
+        def before_forward(*_):
+            if stale[0]:
+                ao.precompute_float8_dynamic_scale_for_fsdp(model)
+                stale[0] = False
+
+        optimizer.register_step_post_hook(changed)
+        # Before FSDP2's own hook on the model (prepend): before any unit is gathered.
+        model.register_forward_pre_hook(before_forward, prepend=True)
 
     def record(self) -> dict:
         """metrics.json's ``dtype``, ``compile`` and ``float8`` (null without the flag)."""
