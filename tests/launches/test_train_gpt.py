@@ -214,7 +214,7 @@ MOE = "--moe-experts 4 --top-k 2 --capacity-factor 2"
 # the same experts; "_inject": a NaN in one rank's gradient in step 3. The same launches train the
 # dense layouts with --compile and --float8 ("_compile", "_float8": the layout's own options and the
 # flag), one process and 2d with --dtype bfloat16, ddp's FP8 run with a gradient half its size, and
-# fsdp's FP8 run stopped at step 3 and resumed ({out}: the launch's folder).
+# fsdp's FP8 run resumed from its checkpoint of step 3 ({out}: the launch's folder).
 SCALE_RUNS = {
     1: {
         "single": "",
@@ -236,11 +236,10 @@ SCALE_RUNS = {
         "fsdp_compile": "--grad-accum 2 --compile",
         "tp_compile": "--sequence-parallel --compile",
         "ddp_float8": "--grad-accum 2 --float8",
-        "fsdp_float8": "--grad-accum 2 --float8",
+        "fsdp_float8": "--grad-accum 2 --float8 --checkpoint-dir {out}/fsdp_float8_checkpoints --checkpoint-every 3",
         "tp_float8": "--sequence-parallel --float8",
         "ddp_float8_slip": "--grad-accum 2 --float8 --slip no-dp-factor",
-        "fsdp_float8_saved": "--grad-accum 2 --float8 --steps 3 --checkpoint-dir {out}/fsdp_float8_checkpoints",
-        "fsdp_float8_resumed": "--grad-accum 2 --float8 --resume {out}/fsdp_float8_checkpoints",
+        "fsdp_float8_resumed": "--grad-accum 2 --float8 --resume {out}/fsdp_float8_checkpoints/step-000003",
     },
     4: {
         "2d": "--sequence-parallel --grad-accum 2",
@@ -393,13 +392,13 @@ def test_float8_layouts_equal_their_single_process_within_2_tau(scale_runs):
 
 
 def test_float8_under_fsdp_resumes_as_if_never_stopped(scale_runs):
-    """fsdp's FP8 run saved at step 3 and resumed (the model built on the meta device, its shards and
-    AdamW's state loaded): steps 4 to 6 bit for bit the uninterrupted run's, losses and gradient norms.
+    """fsdp's FP8 run resumed from its checkpoint of step 3 (the model built on the meta device, its
+    shards and AdamW's state loaded): steps 4 to 6 bit for bit the run's own, losses and gradient norms.
     The FP8 all-gathers' scales must be the loaded weights': computed in the optimizer's step, as
     torchtitan does, they would be those of the weights before the load (DCP steps the optimizer
     once to make its state), and the resumed losses NaN."""
     whole, resumed = scale_runs["fsdp_float8"], scale_runs["fsdp_float8_resumed"]
-    assert resumed["start_step"] == 3 and scale_runs["fsdp_float8_saved"]["steps"] == 3
+    assert resumed["start_step"] == 3 and [save["step"] for save in whole["checkpoints"]] == [3, 6]
     for key in ("losses", "gradient_norms"):
         assert resumed[key] == whole[key][3:], key
 
