@@ -17,6 +17,9 @@ controls). Writes metrics.json (losses, gradient norms, parameters and memory pe
 sharding, the collectives of one tensor-parallel block, the throughput: tokens/s and model FLOP/s)
 and final.pt (the whole model, from rank 0) to --out. With `--mfu` every process also measures its
 matrix-product peak, and the last line gives the model FLOPs utilisation against their sum.
+In the dense layouts (single, ddp, fsdp, tp, 2d), `--dtype bfloat16` runs the forward under
+autocast, `--float8` makes the blocks' linears torchao's FP8 ones (chapter 17a) and `--compile`
+compiles every block (chapter 17b); metrics.json records what each did (parallel_course.training.precision).
 
 With `--checkpoint-dir`, it saves a checkpoint every `--checkpoint-every` steps, and when the job
 is preempted (SIGTERM or SIGUSR1); `--resume` continues from one in any layout and world size.
@@ -59,6 +62,7 @@ from parallel_course.training.parallelize import (
     whole_model,
     wrap,
 )
+from parallel_course.training.precision import DTYPES, Precision
 from parallel_course.training.step_metrics import (
     SavedActivations,
     StepClock,
@@ -143,6 +147,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="scale the gradients so that the whole model's gradient norm is at most C (default: no clipping)",
     )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="the forward's: bfloat16 under autocast, the weights and AdamW's state float32 (default float32)",
+    )
+    parser.add_argument(
+        "--float8", action="store_true", help="the blocks' linears torchao's FP8 ones (emulated without FP8 GPUs)"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile every block (after TP and FSDP)")
+    parser.add_argument(
+        "--compile-backend", choices=("eager", "aot_eager", "inductor"), help="--compile's (default aot_eager)"
+    )
     parser.add_argument("--sequence-parallel", action="store_true", help="tp, 2d: split activations by position")
     parser.add_argument("--checkpoint-dir", type=Path, help="save checkpoints (step-NNNNNN folders) here")
     parser.add_argument(
@@ -231,6 +248,9 @@ def check(args: argparse.Namespace, world_size: int) -> str | None:
             f"--parallel {args.parallel} splits the {heads} attention heads over {dims['tp']} ranks: "
             f"use a world size that divides {heads}"
         )
+    if Precision.refusal(args, layout):
+        return Precision.refusal(args, layout)
+    args.precision = Precision.of(args)
     if args.sequence_parallel and not layout.tensor_parallel:
         return f"--sequence-parallel needs --parallel {layouts_that('tensor_parallel')}, got {args.parallel}"
     pp = dims["pp"]
@@ -289,18 +309,25 @@ def build_model(args: argparse.Namespace, meshes, device: torch.device):
         model = GPT(cfg, activation_checkpointing=args.activation_checkpointing)
     if args.resume is None:
         model.to(device)
+    # --float8 before the layout: tensor parallelism splits the FP8 linears, FSDP gathers them in 8 bits.
+    args.precision.convert(model, meshes, device)
     parallelize(model, meshes, args.sequence_parallel)
     if args.resume:
         model.to_empty(device=device)
+    # --compile once TP and FSDP have put their collectives in the blocks, before DDP wraps the model.
+    args.precision.compile(model)
     return model, wrap(model, meshes)
 
 
-def make_optimizer(model, lr: float) -> torch.optim.AdamW:
-    """AdamW over every parameter of this rank."""
+def make_optimizer(model, args) -> torch.optim.AdamW:
+    """AdamW over every parameter of this rank, at --lr; with FP8 all-gathers, the weights' scales
+    computed again after each of its steps (Precision.keep_scales)."""
     # On a GPU, AdamW updates every parameter in one foreach kernel, which cannot mix DTensors with
     # plain tensors: in the tp layout the embeddings and norms stay plain beside the sharded weights.
     mixed = len({isinstance(p, DTensor) for p in model.parameters()}) > 1
-    return torch.optim.AdamW(model.parameters(), lr=lr, foreach=False if mixed else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False if mixed else None)
+    args.precision.keep_scales(optimizer, model)
+    return optimizer
 
 
 def forward_backward(
@@ -317,8 +344,10 @@ def forward_backward(
         last = i == len(micro) - 1
         watch = comms if i == 0 else contextlib.nullcontext()
         with watch, gradient_sync(model, wrapper, last, args.sync_every_micro_batch):
-            micro_sum, _ = answer_loss_sum(wrapper(x_i, positions), y_i)
-            aux = load.after_forward() if load is not None else 0.0
+            # --dtype bfloat16: the forward and the loss under autocast; backward follows their dtypes.
+            with args.precision.autocast(x.device.type):
+                micro_sum, _ = answer_loss_sum(wrapper(x_i, positions), y_i)
+                aux = load.after_forward() if load is not None else 0.0
             (micro_sum * scale + aux).backward()
         loss_sum += micro_sum.detach()
         if not last:
@@ -365,7 +394,7 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
     # Every rank draws every global batch, and trains on its data-parallel share of it.
     data = torch.Generator().manual_seed(args.seed + 1)
     dp_rank, per_rank = meshes["dp"].get_local_rank(), args.global_batch_size // meshes.size("dp")
-    optimizer = make_optimizer(model, args.lr)
+    optimizer = make_optimizer(model, args)
     clock = StepClock(optimizer, device)
     if args.resume:
         weights_only = args.resume_weights_only or args.start_step == 0
@@ -393,8 +422,9 @@ def train(args, model, wrapper, meshes, device) -> dict | None:
         scale /= meshes.batch.size() if args.slip == "no-dp-factor" else 1
         saved, first = SavedActivations(model), step == args.start_step
         load = ExpertLoad(model, args.aux_loss_weight, args.grad_accum, batch_group) if args.moe_experts else None
-        # The first step of a tensor-parallel layout also counts the collectives of every module.
-        comms = CommDebugMode() if first and meshes.size("tp") > 1 else contextlib.nullcontext()
+        # The first step of a tensor-parallel layout also counts the collectives of every module; not
+        # with --compile: under CommDebugMode torch.compile runs the blocks eagerly, then never compiles them.
+        comms = CommDebugMode() if first and meshes.size("tp") > 1 and not args.compile else contextlib.nullcontext()
         # Counted in the first step only: the hook looks at every saved tensor, and costs time.
         with saved.hooks() if first else contextlib.nullcontext():
             if pipelined:
@@ -490,6 +520,8 @@ def write_results(args, meshes, model, trained: dict, total: int, device: torch.
         "grad_accum": args.grad_accum,
         "variable_length": args.variable_length,
         "activation_checkpointing": args.activation_checkpointing,
+        # --dtype, and what --compile and --float8 did (each null without its flag).
+        **args.precision.record(),
         "losses": trained["losses"],
         # The whole gradient's norm before clipping, each step (None: not finite, the step skipped).
         "gradient_norms": trained["gradient_norms"],

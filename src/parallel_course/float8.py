@@ -53,6 +53,13 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return 2.0 ** -precision_bits(dtype)
 
 
+def tolerance(bfloat16_drift: float) -> float:
+    """How far, relative, an FP8 run may drift from float32 and still be the same training, given how
+    far a bfloat16 run of the same training drifts: times the ratio of the unit roundoffs of e5m2
+    (FP8's coarser format) and bfloat16, 2^-3 / 2^-8 = 32 (chapter 17a derives it)."""
+    return unit_roundoff(FORMATS["e5m2"]) / unit_roundoff(torch.bfloat16) * bfloat16_drift
+
+
 def representable(dtype: torch.dtype) -> torch.Tensor:
     """Every finite value >= 0 of an eight-bit format, ascending (float64): its 256 bit patterns
     read as the format, NaNs and infinities and the negative half left out."""
@@ -351,13 +358,19 @@ def converted_linears(model: nn.Module) -> list[str]:
 
 
 def plain_storage(p: torch.Tensor):
-    """The untyped storage of the plain tensor under a parameter: a DTensor's local shard, torchao's
-    float8 weight wrapper's tensor (whose own ``untyped_storage()`` raises), or the tensor itself."""
+    """The untyped storage of the plain tensor under a parameter or an activation: a DTensor's local
+    shard, torchao's float8 weight wrapper's tensor, the eight-bit data of torchao's float8 tensor
+    (what FSDP2 gathers in FP8, what an FP8 linear keeps for backward; wrappers whose own
+    ``untyped_storage()`` raises), or the tensor itself."""
     while True:
         if hasattr(p, "to_local"):
             p = p.to_local()
         elif hasattr(p, "_tensor") and isinstance(p._tensor, torch.Tensor):
             p = p._tensor
+        elif hasattr(p, "__tensor_flatten__"):
+            # Another tensor subclass made of tensors (torchao's Float8TrainingTensor: _data, _scale):
+            # its first, the data.
+            p = getattr(p, p.__tensor_flatten__()[0][0])
         else:
             return p.untyped_storage()
 

@@ -13,7 +13,10 @@ three launches (one per process count, train_gpt_runs.py): with clipping firing 
 problems of mixed lengths, some with micro-batches, each layout's gradient norms and losses equal
 one process's; a step whose norm is not finite (injected on one rank only) is skipped by every rank;
 and the memory of --parallel cp (chapter 16: ring-flash attention keeps each rank's own keys and
-values only): at most 0.6 of one process's activation bytes per rank, the losses equal.
+values only): at most 0.6 of one process's activation bytes per rank, the losses equal. The same
+three launches train the dense layouts with --compile (equal to their eager runs) and --float8 (apart
+from float32, within the tolerance chapter 17a derives of bfloat16, and its layouts within twice it
+of its one process), and 2d with --dtype bfloat16.
 """
 
 import json
@@ -113,6 +116,15 @@ def test_a_bad_command_line_is_one_error_line(tmp_path):
             None,
         ),
         (["--slip", "forgot-it"], 2, "invalid choice"),
+        (["--float8", "--compile", "--dtype", "bfloat16", "--parallel", "2d"], 4, None),
+        (["--compile", "--compile-backend", "inductor", "--parallel", "tp"], 2, None),
+        (["--float8", "--parallel", "pp"], 2, "--float8 runs with --parallel single, ddp, fsdp, tp or 2d, got pp"),
+        (["--compile", "--parallel", "cp"], 2, "--compile runs with --parallel single, ddp, fsdp, tp or 2d, got cp"),
+        (["--dtype", "bfloat16", "--parallel", "ep", "--moe-experts", "2"], 2, "--dtype bfloat16 runs with"),
+        (["--float8", "--moe-experts", "2"], 1, "--float8 runs with the dense MLP: drop --moe-experts"),
+        (["--dtype", "float16"], 1, "invalid choice"),
+        (["--compile-backend", "aot_eager"], 1, "--compile-backend needs --compile"),
+        (["--float8", "--parallel", "fsdp", "--resume", "CKPT_STEP_4"], 2, None),
         (["OUT_IS_A_FILE"], 1, "exists and is not a folder"),
         ([], 1, "required: --out"),
     ],
@@ -156,7 +168,8 @@ def test_help_names_the_contract(train_gpt, capsys):
     text = capsys.readouterr().out
     flags = ["--variable-length", "--grad-accum", "--checkpoint-dir", "--checkpoint-every", "--resume", "--mfu"]
     flags += ["--moe-experts", "--top-k", "--capacity-factor", "--aux-loss-weight", "--sequence-parallel"]
-    flags += ["--clip-grad-norm", "--slip", "--inject-nonfinite-step"]
+    flags += ["--clip-grad-norm", "--slip", "--inject-nonfinite-step", "--dtype", "--float8", "--compile"]
+    flags += ["--compile-backend"]
     for flag in flags:
         assert flag in text, flag
     # The layouts from the table: the choices, and a line each with the processes it runs on.
@@ -198,9 +211,19 @@ CLIPPED = "--steps 6 --seed 5 --global-batch-size 16 --variable-length --clip-gr
 MOE = "--moe-experts 4 --top-k 2 --capacity-factor 2"
 # Each run's layout and options beyond CLIPPED, by process count and name: micro-batches in some
 # (the pipelines' default is 2 per stage); the experts' layouts are compared with one process with
-# the same experts; "_inject": a NaN in one rank's gradient in step 3.
+# the same experts; "_inject": a NaN in one rank's gradient in step 3. The same launches train the
+# dense layouts with --compile and --float8 ("_compile", "_float8": the layout's own options and the
+# flag), one process and 2d with --dtype bfloat16, ddp's FP8 run with a gradient half its size, and
+# fsdp's FP8 run resumed from its checkpoint of step 3 ({out}: the launch's folder).
 SCALE_RUNS = {
-    1: {"single": "", "single_moe": MOE, "single_inject": "--inject-nonfinite-step 3"},
+    1: {
+        "single": "",
+        "single_moe": MOE,
+        "single_inject": "--inject-nonfinite-step 3",
+        "single_compile": "--compile",
+        "single_bfloat16": "--dtype bfloat16",
+        "single_float8": "--float8",
+    },
     2: {
         "ddp": "--grad-accum 2",
         "fsdp": "--grad-accum 2",
@@ -209,13 +232,30 @@ SCALE_RUNS = {
         "cp": "--grad-accum 2",
         "ep": MOE,
         "ddp_inject": "--inject-nonfinite-step 3",
+        "ddp_compile": "--grad-accum 2 --compile",
+        "fsdp_compile": "--grad-accum 2 --compile",
+        "tp_compile": "--sequence-parallel --compile",
+        "ddp_float8": "--grad-accum 2 --float8",
+        "fsdp_float8": "--grad-accum 2 --float8 --checkpoint-dir {out}/fsdp_float8_checkpoints --checkpoint-every 3",
+        "tp_float8": "--sequence-parallel --float8",
+        "ddp_float8_slip": "--grad-accum 2 --float8 --slip no-dp-factor",
+        "fsdp_float8_resumed": "--grad-accum 2 --float8 --resume {out}/fsdp_float8_checkpoints/step-000003",
     },
-    4: {"2d": "--sequence-parallel --grad-accum 2", "dp_pp": "--grad-accum 2", "dp_ep": MOE},
+    4: {
+        "2d": "--sequence-parallel --grad-accum 2",
+        "dp_pp": "--grad-accum 2",
+        "dp_ep": MOE,
+        "2d_compile": "--sequence-parallel --grad-accum 2 --compile",
+        "2d_float8": "--sequence-parallel --grad-accum 2 --float8",
+        "2d_bfloat16": "--sequence-parallel --grad-accum 2 --dtype bfloat16",
+    },
 }
+DENSE = [name for name, layout in LAYOUTS.items() if layout.dense]
 
 
 def layout_of(run: str) -> str:
-    return run if run in LAYOUTS else run.rsplit("_", 1)[0]
+    """The layout a run's name starts with (dp_pp_x is dp_pp's, not dp's)."""
+    return max((name for name in LAYOUTS if run == name or run.startswith(name + "_")), key=len)
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +265,8 @@ def scale_runs(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("scale")
 
     def launch_runs(nproc: int) -> subprocess.CompletedProcess:
-        lines = [f"--parallel {layout_of(n)} {CLIPPED} {o} --out {out / n}" for n, o in SCALE_RUNS[nproc].items()]
+        runs = SCALE_RUNS[nproc].items()
+        lines = [f"--parallel {layout_of(n)} {CLIPPED} {o.format(out=out)} --out {out / n}" for n, o in runs]
         command = job_command(RUNS, None if nproc == 1 else nproc, *lines)
         return run_bounded(command, timeout=240, env=job_environment())
 
@@ -281,3 +322,96 @@ def test_context_parallel_keeps_at_most_0_6_of_one_process_activations(train_gpt
     kept = [m["activation_bytes"] / single["memory"][0]["activation_bytes"] for m in split["memory"]]
     assert len(kept) == 2 and max(kept) <= 0.6, kept
     assert split["losses"] == pytest.approx(single["losses"], rel=1e-5)
+
+
+def drift(run: dict, reference: dict, key: str = "losses") -> float:
+    """The largest relative difference of a run's losses (or gradient norms) from a reference's."""
+    return relative(run[key], reference[key])
+
+
+def test_compile_equals_eager_in_every_dense_layout(scale_runs):
+    """--compile (aot_eager, every block) in single, ddp, fsdp, tp and 2d: one graph for both blocks, no
+    graph break, no recompile, and the losses and gradient norms of the same layout's eager run
+    within 1e-4. That bound can fail: bfloat16 autocast, a smaller change than most a compiler could
+    make by mistake, is outside it."""
+    assert DENSE == ["single", "ddp", "fsdp", "tp", "2d"]
+    for layout in DENSE:
+        run, eager = scale_runs[f"{layout}_compile"], scale_runs[layout]
+        assert eager["compile"] is None and eager["dtype"] == run["dtype"] == "float32"
+        counted = run["compile"]
+        assert counted == {"backend": "aot_eager", "graphs": 1, "graph_breaks": 0, "recompiles": 0}, layout
+        assert drift(run, eager) < 1e-4 and drift(run, eager, "gradient_norms") < 1e-4, layout
+    bfloat16 = scale_runs["single_bfloat16"]
+    assert bfloat16["dtype"] == "bfloat16"
+    assert drift(bfloat16, scale_runs["single"], "gradient_norms") > 1e-4
+
+
+def float8_tolerances(scale_runs) -> dict[str, float]:
+    """tau for the losses and for the gradient norms: 32 times bfloat16's drift from float32 on the
+    same training (chapter 17a: float8.tolerance)."""
+    from parallel_course import float8
+
+    bfloat16, float32 = scale_runs["single_bfloat16"], scale_runs["single"]
+    return {key: float8.tolerance(drift(bfloat16, float32, key)) for key in ("losses", "gradient_norms")}
+
+
+def test_float8_trains_apart_from_float32_and_within_tau_of_bfloat16(scale_runs):
+    """--float8 on one process: torchao converts the blocks' twelve linears (the head, 64 x 12, is
+    no multiple of 16), the loss falls, it differs from float32 by more than bfloat16 does (the casts
+    are there: the negative control that the flag did something), and by at most tau from bfloat16's
+    losses and gradient norms."""
+    float32, bfloat16, run = scale_runs["single"], scale_runs["single_bfloat16"], scale_runs["single_float8"]
+    linears = [f"blocks.{b}.{name}" for b in (0, 1) for name in ("attn.q", "attn.k", "attn.v", "attn.proj")]
+    linears += [f"blocks.{b}.mlp.{name}" for b in (0, 1) for name in ("fc", "proj")]
+    assert sorted(run["float8"]["converted_linears"]) == sorted(linears) and float32["float8"] is None
+    assert run["losses"][-1] < run["losses"][0]
+    tau = float8_tolerances(scale_runs)
+    for key in ("losses", "gradient_norms"):
+        assert drift(run, float32, key) > drift(bfloat16, float32, key), key
+        assert drift(run, bfloat16, key) <= tau[key], (key, drift(run, bfloat16, key), tau[key])
+
+
+def test_float8_layouts_equal_their_single_process_within_2_tau(scale_runs):
+    """--float8 in ddp, fsdp (FP8 all-gathers), tp and 2d against one process's --float8. Not equal
+    up to float rounding: each data-parallel rank scales its own share of the activations by its own
+    amax, so the layouts round differently from the first step (chapter 17a). Each run is within tau
+    of the same training in float32 (tau derived for one run: test above), so two FP8 runs of it are
+    within tau + tau of each other (|a/c - 1|, |b/c - 1| <= tau gives |a/b - 1| <= 2 tau / (1 - tau),
+    about 2 tau), for losses and gradient norms. The negative control: ddp's gradient half its size (--slip
+    no-dp-factor) keeps its losses (AdamW and clipping hide the factor) and fails on the norms."""
+    tau, one = float8_tolerances(scale_runs), scale_runs["single_float8"]
+    bound = {key: 2 * t / (1 - t) for key, t in tau.items()}
+    for layout in ("ddp", "fsdp", "tp", "2d"):
+        run = scale_runs[f"{layout}_float8"]
+        assert run["float8"]["converted_linears"] == one["float8"]["converted_linears"], layout
+        assert run["float8"]["fsdp_float8_all_gather"] == (layout in ("fsdp", "2d")), layout
+        for key in ("losses", "gradient_norms"):
+            assert drift(run, one, key) <= bound[key], (layout, key, drift(run, one, key), bound[key])
+    slipped = scale_runs["ddp_float8_slip"]
+    assert drift(slipped, one) <= bound["losses"]
+    assert drift(slipped, one, "gradient_norms") > bound["gradient_norms"]
+
+
+def test_float8_under_fsdp_resumes_as_if_never_stopped(scale_runs):
+    """fsdp's FP8 run resumed from its checkpoint of step 3 (the model built on the meta device, its
+    shards and AdamW's state loaded): steps 4 to 6 bit for bit the run's own, losses and gradient norms.
+    The FP8 all-gathers' scales must be the loaded weights': computed in the optimizer's step, as
+    torchtitan does, they would be those of the weights before the load (DCP steps the optimizer
+    once to make its state), and the resumed losses NaN."""
+    whole, resumed = scale_runs["fsdp_float8"], scale_runs["fsdp_float8_resumed"]
+    assert resumed["start_step"] == 3 and [save["step"] for save in whole["checkpoints"]] == [3, 6]
+    for key in ("losses", "gradient_norms"):
+        assert resumed[key] == whole[key][3:], key
+
+
+def test_bfloat16_in_2d_equals_one_process_within_2_deltas(scale_runs):
+    """--dtype bfloat16 in 2d (autocast under TP and FSDP) against one process's: the same training as
+    float32 (2d's float32 run equals one process's within 1e-4, above), rounded to bfloat16 in a
+    different order. Each bfloat16 run drifts from float32 by about bfloat16's drift delta (measured
+    on one process), so the two differ by at most delta + delta, losses and gradient norms alike;
+    and 2d's own bfloat16 run is no float32 run (its gradient norms drift from them by more than 1e-4)."""
+    float32, one, run = scale_runs["single"], scale_runs["single_bfloat16"], scale_runs["2d_bfloat16"]
+    assert run["dtype"] == "bfloat16" and run["compile"] is None and run["float8"] is None
+    for key in ("losses", "gradient_norms"):
+        assert drift(run, one, key) <= 2 * drift(one, float32, key), (key, drift(run, one, key))
+    assert drift(run, scale_runs["2d"], "gradient_norms") > 1e-4

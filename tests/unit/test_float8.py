@@ -141,6 +141,16 @@ def test_plain_storage_unwraps_what_wraps_a_parameter():
 
     assert float8.plain_storage(Local()).data_ptr() == t.untyped_storage().data_ptr()
     assert float8.plain_storage(t).data_ptr() == t.untyped_storage().data_ptr()
+    # torchao's float8 tensor (what FSDP2 gathers in FP8, what an FP8 linear saves): its own storage
+    # cannot be read; its eight-bit data's can.
+    float8.import_torchao()
+    from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
+
+    cast = hp_tensor_and_scale_to_float8(t, torch.tensor(2.0), E4M3)
+    with pytest.raises(RuntimeError):
+        cast.untyped_storage().data_ptr()
+    assert float8.plain_storage(cast).data_ptr() == cast._data.untyped_storage().data_ptr()
+    assert float8.plain_storage(cast).nbytes() == 4
 
 
 def test_the_chapters_training_is_the_same_every_time_and_blind_to_the_loss_scale():

@@ -14,6 +14,8 @@
                     in the background if asked; saving on a preemption signal
 - ``step_metrics``  what a run measures: bytes per rank, activations kept for backward, one block's
                     collectives, when each step ends, the throughput
+- ``precision``     --dtype (bfloat16 autocast), --float8 (torchao's FP8 linears, gathered in eight bits
+                    by FSDP2) and --compile (every block) in the dense layouts, and what they did
 - ``gradient_norm`` the whole model's gradient norm in any layout, every parameter counted once and
                     the same on every rank; clipping by it; the classic slips, for negative controls
 """

@@ -102,6 +102,12 @@ class Layout:
         return "dp" in self.mesh and (self.splits(apply_ddp) or self.splits(apply_fsdp)) and not self.splits(apply_pp)
 
     @property
+    def dense(self) -> bool:
+        """Whether every rank runs the GPT's own blocks on whole sequences: no pipeline stage, ring
+        attention or experts spread (--dtype bfloat16, --float8 and --compile run there)."""
+        return not (self.splits(apply_pp) or self.splits(apply_cp) or self.splits(apply_ep))
+
+    @property
     def takes_experts(self) -> bool:
         """Whether --moe-experts may be used: the layouts that spread experts, and single (no parallelism)."""
         return self.experts is not None or not (self.apply or self.wrap)

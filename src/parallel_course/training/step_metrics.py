@@ -15,6 +15,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from ..float8 import plain_storage
 from ..gpt import AdditionTask, GPTConfig
 from ..planner import flops_per_token
 from ..throughput import measure_matmul_peak, summary
@@ -42,9 +43,10 @@ class SavedActivations:
         self.model, self.storages, self.bytes = model, set(), 0
 
     def pack(self, t):
-        storage = local(t).untyped_storage()
+        storage = plain_storage(t)
         # The parameters as they are now: FSDP swaps in the whole ones only around a block's forward.
-        weights = {local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
+        # (plain_storage: torchao's FP8 weight wraps a tensor whose own untyped_storage() raises.)
+        weights = {plain_storage(p).data_ptr() for p in self.model.parameters()}
         # Weights, or views of them, are no activations.
         if storage.data_ptr() not in weights | self.storages:
             self.storages.add(storage.data_ptr())
