@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from dist_setup import setup, teardown
 from parallel_course import context_parallel as cp
 from parallel_course.checks import CheckFailed, check_close, check_equal
+from parallel_course.flash_attention import SavedTensors
 
 WORLD_SIZE = 4
 TOLERANCE = 1e-5
@@ -79,32 +80,20 @@ class Counted:
         )
 
 
-class KeptKeysValues:
+class KeptKeysValues(SavedTensors):
     """While open, the bytes of keys and values that autograd saves for backward: the storages of
     saved tensors that are (views of) a ring step's stack of K and V, shape (2, *local), the stack
     ring_attention passes around. Each is kept whole as long as any block of it is saved."""
 
     def __init__(self, local: torch.Tensor):
-        self.shape, self.storages = (2, *local.shape), {}
+        super().__init__()
+        self.shape = (2, *local.shape)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         base = t if t._base is None else t._base
         if tuple(base.shape) == self.shape:
-            storage = base.untyped_storage()
-            self.storages[storage.data_ptr()] = storage.nbytes()
+            super().pack(base)
         return t
-
-    def __enter__(self):
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
-        self.hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.hooks.__exit__(*exc)
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.storages.values())
 
 
 def blocks_used(rank: int, world_size: int, layout: str) -> int:
