@@ -119,7 +119,7 @@ def _boxes(ax, segments: list[Segment], x0: float, width: float, y: float) -> No
             )
         )
         label = seg.text + (f"\n({seg.note})" if seg.note else "")
-        ax.text(x + w / 2, y, label, ha="center", va="center", fontsize=9)
+        ax.text(x + w / 2, y, label, ha="center", va="center", fontsize=11 if len(segments) == 1 else 9.5)
 
 
 def draw_collective(ax, title: str, rows: list[Row]) -> None:
@@ -127,14 +127,14 @@ def draw_collective(ax, title: str, rows: list[Row]) -> None:
     n = len(rows)
     for rank, row in enumerate(rows):
         y = n - 1 - rank
-        ax.text(-0.15, y, f"rank {rank}", ha="right", va="center", fontsize=9)
-        _boxes(ax, row.before, 0.0, 1.6, y)
-        ax.annotate("", xy=(2.05, y), xytext=(1.65, y), arrowprops={"arrowstyle": "->", "color": "0.3"})
-        _boxes(ax, row.after, 2.1, 2.4, y)
-    ax.text(0.8, n - 0.45, "before", ha="center", fontsize=9, color="0.3")
-    ax.text(3.3, n - 0.45, "after", ha="center", fontsize=9, color="0.3")
-    ax.set_title(title, fontsize=11, family="monospace")
-    ax.set(xlim=(-0.9, 4.6), ylim=(-0.6, n - 0.1))
+        ax.text(-0.15, y, f"rank {rank}", ha="right", va="center", fontsize=11)
+        _boxes(ax, row.before, 0.0, 2.0, y)
+        ax.annotate("", xy=(2.45, y), xytext=(2.05, y), arrowprops={"arrowstyle": "->", "color": "0.3"})
+        _boxes(ax, row.after, 2.5, 2.4, y)
+    ax.text(1.0, n - 0.45, "before", ha="center", fontsize=11, color="0.3")
+    ax.text(3.7, n - 0.45, "after", ha="center", fontsize=11, color="0.3")
+    ax.set_title(title, fontsize=13, family="monospace")
+    ax.set(xlim=(-0.9, 5.0), ylim=(-0.6, n - 0.1))
     ax.axis("off")
 
 
@@ -198,8 +198,8 @@ def draw_ring_frame(ax, frame: RingFrame) -> None:
                     linewidth=2.5 if written else 0.8,
                 )
             )
-            ax.text(c + 0.43, y + 0.35, label, ha="center", va="center", fontsize=9)
-        ax.text(-0.1, y + 0.35, f"rank {rank}", ha="right", va="center", fontsize=9)
+            ax.text(c + 0.43, y + 0.35, label, ha="center", va="center", fontsize=10)
+        ax.text(-0.1, y + 0.35, f"rank {rank}", ha="right", va="center", fontsize=11)
     for src, dst, c in frame.messages:
         x = c + 0.43
         if dst == src + 1:
@@ -207,12 +207,12 @@ def draw_ring_frame(ax, frame: RingFrame) -> None:
         else:
             # Round the ring: out of the bottom, back in at the top.
             ax.annotate("", xy=(x, -0.28), xytext=(x, n - 1 - src), arrowprops={"arrowstyle": "-|>"})
-            ax.text(x, -0.32, f"to rank {dst}", ha="center", va="top", fontsize=7)
+            ax.text(x, -0.32, f"to rank {dst}", ha="center", va="top", fontsize=9)
             ax.annotate("", xy=(x, n - 1 - dst + 0.7), xytext=(x, n - 0.02), arrowprops={"arrowstyle": "-|>"})
-            ax.text(x, n, f"from rank {src}", ha="center", va="bottom", fontsize=7)
+            ax.text(x, n, f"from rank {src}", ha="center", va="bottom", fontsize=9)
     for c in range(n):
-        ax.text(c + 0.43, -0.75, f"chunk {c}", ha="center", va="top", fontsize=8, color="0.3")
-    ax.set_title(frame.title, fontsize=10)
+        ax.text(c + 0.43, -0.75, f"chunk {c}", ha="center", va="top", fontsize=10, color="0.3")
+    ax.set_title(frame.title, fontsize=11)
     ax.set(xlim=(-0.9, n), ylim=(-1.1, n + 0.35))
     ax.axis("off")
 
@@ -249,7 +249,7 @@ def collectives_figure(
 ) -> Figure:
     """The collectives ``names`` (titles of ``parse_rank_lines``), three to a row, and a key to the
     colours in the last free panel."""
-    fig = Figure(figsize=(13, 6.4), layout="constrained")
+    fig = Figure(figsize=(12.5, 6.4), layout="constrained")
     n = len(runs[names[0]])
     fig.suptitle(
         title or f"{len(names)} collectives on {n} ranks, as they ran: each rank's tensor before and after", fontsize=12
@@ -263,7 +263,7 @@ def collectives_figure(
     handles = [Patch(facecolor=_colour(r), edgecolor="black", label=f"rank {r}'s own tensor") for r in range(n)]
     handles.append(Patch(facecolor=REDUCED_COLOUR, edgecolor="black", label="summed over all ranks"))
     handles.append(Patch(facecolor="white", edgecolor="black", linestyle="--", label="undefined: do not read"))
-    key.legend(handles=handles, loc="center", fontsize=10, frameon=False, title="colours", title_fontsize=10)
+    key.legend(handles=handles, loc="center", fontsize=12, frameon=False, title="colours", title_fontsize=12)
     for ax in list(axes)[len(names) :]:
         ax.axis("off")
     return fig
@@ -285,5 +285,5 @@ def ring_figure(frames: list[RingFrame], title: str | None = None) -> Figure:
         Patch(facecolor=_shade("", True), edgecolor="0.4", label=f"the sum of all {n} ranks"),
         Patch(facecolor="white", edgecolor="#d62828", linewidth=2.5, label="written in this step"),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=10, frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=12, frameon=False)
     return fig
