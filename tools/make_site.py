@@ -22,6 +22,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import nbformat
+from bs4 import BeautifulSoup
 from nbconvert import HTMLExporter
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from pygments import highlight
@@ -138,11 +139,33 @@ def notebook_exporter() -> HTMLExporter:
     return HTMLExporter(config=config, template_name="lab")
 
 
+def with_alt_texts(body: str, nb: nbformat.NotebookNode) -> str:
+    """``body`` with each figure's text alternative (the ``alt`` its output carries,
+    parallel_course.figure_output.show) on its ``<img>``, in place of nbconvert's placeholder."""
+    alts = [
+        (f"data:image/png;base64,{out.data['image/png']}", out.metadata["alt"])
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if "image/png" in out.get("data", {}) and out.get("metadata", {}).get("alt")
+    ]
+    if not alts:
+        return body
+    soup = BeautifulSoup(body, features="html.parser")
+    images = soup.select("img")
+    for src, alt in alts:
+        img = next((i for i in images if i.get("src") == src), None)
+        if img is not None:
+            img["alt"] = alt
+            images.remove(img)
+    return str(soup)
+
+
 def render_notebook(path: str, page: str, exporter: HTMLExporter) -> tuple[str, str]:
     nb = nbformat.read(ROOT / path, as_version=4)
     first = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
     title = (TITLE.search(first) or re.search(r"(.+)", Path(path).stem)).group(1).strip()
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    body = with_alt_texts(body, nb)
     body = body.replace("@MATHJAX@", relative(MATHJAX, page)).replace("@REQUIRE@", relative(REQUIRE, page))
     deck = f"{SLIDES}/{Path(path).stem}.slides.html"
     extra = f' <a href="{relative(deck, page)}">Slides of this lecture</a>' if path.startswith("notebooks/") else ""

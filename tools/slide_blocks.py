@@ -17,7 +17,8 @@ never see a comment)::
 - A block whose first non-blank line is a heading (``#``, ``##``, ``###``) starts a new slide
   with that title; a block without one adds its content to the current slide. The lecture's
   first cell has the title slide's block: ``# NN · Title`` and one line saying what it is about.
-- A code cell tagged ``slide-figure`` puts its PNG output on the current slide, without its code.
+- A code cell tagged ``slide-figure`` puts its PNG output on the current slide, without its code;
+  the output's ``alt`` (``parallel_course.figure_output.show``) is the image's text alternative.
 - A fenced code block in a slide block is an excerpt of the lecture's own code (``...`` marks an
   elision); the limits on points, code and tables are tools/slide_checks.py's.
 - The whole text of every markdown cell, the blocks removed, becomes the speaker notes of the
@@ -53,6 +54,8 @@ class Slide:
     notes: list[str] = field(default_factory=list)
     # The index of the cell whose block starts the slide.
     cell: int = 0
+    # A figure's text alternative, by its PNG: the ``alt`` its output carries (figure_output.show).
+    alts: dict[str, str] = field(default_factory=dict)
 
     @property
     def markdown(self) -> str:
@@ -103,8 +106,13 @@ def plain(text: str) -> str:
 
 def figures(cell) -> list[str]:
     """The base64 PNGs of a code cell's outputs."""
+    return [png for png, _ in figure_alts(cell)]
+
+
+def figure_alts(cell) -> list[tuple[str, str]]:
+    """The base64 PNGs of a code cell's outputs, each with its text alternative ("" if none)."""
     return [
-        "".join(out["data"]["image/png"]).replace("\n", "")
+        ("".join(out["data"]["image/png"]).replace("\n", ""), out.get("metadata", {}).get("alt", ""))
         for out in cell.get("outputs", [])
         if "image/png" in out.get("data", {})
     ]
@@ -140,6 +148,7 @@ def slides(nb: nbformat.NotebookNode, name: str = "the lecture") -> list[Slide]:
             if not found:
                 raise SlideError(f"{name}, cell {index}: a {FIGURE_TAG} cell before the first slide block")
             found[-1].parts += [("figure", png) for png in pngs]
+            found[-1].alts.update({png: alt for png, alt in figure_alts(cell) if alt})
     if not found:
         raise SlideError(f"{name} has no slide blocks (<!-- slide ... --> in its markdown cells)")
     found[0].notes[:0] = waiting
@@ -170,10 +179,10 @@ def deck_notebook(lecture: list[Slide], title: str) -> nbformat.NotebookNode:
                 cells.append(nbformat.v4.new_markdown_cell(content, metadata={"slideshow": {"slide_type": "-"}}))
             elif cells[-1].cell_type == "code":
                 # Figures one after another stand side by side: outputs of one cell.
-                cells[-1].outputs.append(_png_output(content, slide.title))
+                cells[-1].outputs.append(_png_output(content, slide.alts.get(content, f"figure: {slide.title}")))
             else:
                 cell = nbformat.v4.new_code_cell("", metadata={"slideshow": {"slide_type": "-"}})
-                cell.outputs = [_png_output(content, slide.title)]
+                cell.outputs = [_png_output(content, slide.alts.get(content, f"figure: {slide.title}"))]
                 cells.append(cell)
         if slide.notes:
             notes = "\n\n".join(slide.notes)
@@ -186,5 +195,5 @@ def deck_notebook(lecture: list[Slide], title: str) -> nbformat.NotebookNode:
     return nb
 
 
-def _png_output(png: str, title: str):
-    return nbformat.v4.new_output("display_data", data={"image/png": png}, metadata={"alt": f"figure: {title}"})
+def _png_output(png: str, alt: str):
+    return nbformat.v4.new_output("display_data", data={"image/png": png}, metadata={"alt": alt})

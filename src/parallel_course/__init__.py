@@ -45,6 +45,11 @@ Small modules, each doing what its name says:
                      accounting; selective checkpointing's policy; offload hooks (16)
 - ``memory_figures`` chapter 16's figures: FlashAttention's tiles, bytes saved against the sequence,
                      the tracked peaks by layout
+- ``figure_output`` a figure shown as a PNG with its text alternative (the decks and the site use it)
+- ``machine_figures`` chapter 00's figures: this machine and where the launch test ran; its all-reduce
+- ``collective_figures`` chapter 03's figures: each collective before and after; the ring step by step
+- ``sharding_figures`` chapter 08's figures: what each rank keeps under DDP and ZeRO-1/2/3; FSDP2's step
+- ``launcher_figures`` chapter 12's figures: what each process of each launch did; their losses
 - ``compat``         what differs between torch 2.11-2.13, one helper per fact: versions and one-line
                      notes or refusals, DDP's buffer-sync keyword, the single-tensor collectives' names,
                      a group's timeout

@@ -108,6 +108,20 @@ def test_the_deck_notebook_has_a_cell_per_slide_figures_side_by_side_and_the_not
     assert deck.metadata["title"] == "Title"
 
 
+def test_a_figures_text_alternative_reaches_the_deck_and_a_figure_without_one_gets_the_slides_title():
+    described = figure_cell(PNG)
+    described.outputs[0]["metadata"] = {"alt": "three ranks, each holding the sum"}
+    other = "b3RoZXI="
+    nb = lecture(markdown("Notes.", "## Sums\n- a point"), described, figure_cell(other))
+    slides = slide_blocks.slides(nb)
+    assert slides[0].alts == {PNG: "three ranks, each holding the sum"}
+    deck = slide_blocks.deck_notebook(slides, "Title")
+    assert [o["metadata"]["alt"] for o in deck.cells[1].outputs] == [
+        "three ranks, each holding the sum",
+        "figure: Sums",
+    ]
+
+
 @pytest.fixture(scope="module")
 def exporter():
     return make_slides.exporter()
