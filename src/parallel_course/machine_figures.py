@@ -16,6 +16,7 @@ from . import machine
 from .collective_figures import RANK_COLOURS, Row, collective_rows
 
 HEADER = re.compile(r"^backend=(\w+) device=(\w+)$", re.M)
+PASSED = "OK: every rank holds the sum"
 RESULT = re.compile(r"^rank (\d+) of (\d+): all_reduce gave (\S+) \(expected (\S+)\)$", re.M)
 
 
@@ -32,7 +33,10 @@ class Launch:
 
 
 def parse_launch(output: str) -> Launch:
-    """The launch test's report, from its output; refuses an output without one line per rank."""
+    """The launch test's report, from its output; refuses an output without one line per rank, or
+    without the test's verdict that every rank holds the sum (a failed launch is not drawn)."""
+    if PASSED not in output:
+        raise ValueError(f"the launch test did not pass ({PASSED!r} missing): read its output above")
     header = HEADER.search(output)
     rows = [(int(r), int(n), float(got), float(want)) for r, n, got, want in RESULT.findall(output)]
     if header is None or not rows or [r for r, *_ in rows] != list(range(rows[0][1])):

@@ -26,6 +26,8 @@ def test_parse_launch_reads_the_backend_and_every_ranks_result_in_rank_order():
     assert launch.results == [10.0] * 4 and launch.expected == 10.0
     with pytest.raises(ValueError, match="one line per rank"):
         parse_launch(OUTPUT.replace("rank 2 of 4", "rank 5 of 4"))
+    with pytest.raises(ValueError, match="did not pass"):
+        parse_launch(OUTPUT.replace("OK: every rank holds the sum", "FAIL: rank 1 holds 9"))
 
 
 def test_launch_rows_start_each_rank_at_rank_plus_one_and_end_with_the_sum():
