@@ -680,6 +680,24 @@ def launched_script(source: str, notebook_code: str) -> str | None:
     return None
 
 
+# A launch through the course's bounded launcher, its output kept for a figure (03, 08):
+# ``ran = launch.torchrun("work/c03_collectives.py", world_size=3)``.
+LAUNCHER_CALL = re.compile(r"\blaunch\.torchrun\(\s*\"(?:work/)?(\w+\.py)\"")
+
+
+def cell_script(source: str, notebook_code: str) -> str | None:
+    """The script a launch cell runs (a `!torchrun`/`!python` cell, or one that calls
+    ``launch.torchrun``), or None for a cell that launches nothing."""
+    if source.startswith(("!torchrun", "!python")):
+        return launched_script(source, notebook_code)
+    called = LAUNCHER_CALL.search(source)
+    return called.group(1) if called else None
+
+
+def is_launch_cell(source: str) -> bool:
+    return source.startswith(("!torchrun", "!python")) or LAUNCHER_CALL.search(source) is not None
+
+
 def across_nodes(text: str) -> bool:
     """Whether a script is about several nodes (it reads the node's rank): the lectures launch it on
     emulated nodes, each a torchrun of its own, and so do its tests (tests/launches/test_cluster.py)."""
@@ -878,10 +896,10 @@ def allowed_patterns(script: str | None) -> list[str]:
 
 
 def launch_differences(cell, fresh_outputs, notebook_code: str = "") -> list[str]:
-    """How a `!torchrun` cell's fresh output differs from its stored (CPU) one, device-dependent lines aside."""
+    """How a launch cell's fresh output differs from its stored (CPU) one, device-dependent lines aside."""
     stored = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
     fresh = "".join(o.get("text", "") for o in fresh_outputs if o.output_type == "stream")
-    allowed = allowed_patterns(launched_script(cell.source, notebook_code))
+    allowed = allowed_patterns(cell_script(cell.source, notebook_code))
 
     def keep(text):
         return "\n".join(line for line in text.splitlines() if not any(re.search(p, line) for p in allowed))
@@ -890,7 +908,8 @@ def launch_differences(cell, fresh_outputs, notebook_code: str = "") -> list[str
 
 
 def notebook_launches() -> list[tuple[str, int, str, str]]:
-    """Every `!torchrun`/`!python` cell of the lane's notebooks: (notebook, cell, script, stored output)."""
+    """Every launch cell of the lane's notebooks (`!torchrun`, `!python`, `launch.torchrun`):
+    (notebook, cell, script, stored output)."""
     found = []
     for notebook in NOTEBOOKS:
         # Read as JSON: nbformat's validation of every notebook would cost seconds here.
@@ -898,9 +917,9 @@ def notebook_launches() -> list[tuple[str, int, str, str]]:
         sources = ["".join(c["source"]) for c in cells]
         code = "\n".join(src for c, src in zip(cells, sources) if c["cell_type"] == "code")
         for index, (cell, source) in enumerate(zip(cells, sources)):
-            if cell["cell_type"] == "code" and source.startswith(("!torchrun", "!python")):
+            if cell["cell_type"] == "code" and is_launch_cell(source):
                 text = "".join("".join(o.get("text", "")) for o in cell["outputs"] if o["output_type"] == "stream")
-                found.append((notebook.name, index, launched_script(source, code), text))
+                found.append((notebook.name, index, cell_script(source, code), text))
     return found
 
 
@@ -930,8 +949,7 @@ def test_notebook_runs_on_the_gpus(notebook):
         raised = [o for o in new.outputs if o.output_type == "error"]
         if raised and "raises-exception" not in old.metadata.get("tags", []):
             problems.append(f"cell {index}: {raised[0].ename}: {raised[0].evalue}")
-        first = old.source.splitlines()[0] if old.source else ""
-        if first.startswith(("!torchrun", "!python")):
+        if is_launch_cell(old.source):
             problems += [f"cell {index}: {d}" for d in launch_differences(old, new.outputs, code)]
     assert not problems, f"{notebook.name} on {GPUS} GPU(s):\n" + "\n".join(problems)
 
