@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The modules each kind of lane needs beside torch: pytest runs the lane's tests (psutil bounds their
 # launches); the notebook lane executes notebooks (nbval brings nbclient and the kernel's chain).
 LANE_MODULES = ("pytest", "psutil", "nbformat")
-NOTEBOOK_MODULES = ("nbval", "nbclient", "ipykernel")
+# 17a and 17b import torchao (pinned in pyproject.toml).
+NOTEBOOK_MODULES = ("nbval", "nbclient", "ipykernel", "torchao")
 # The oldest torch the course's scripts are meant to run on (a cluster's module): older ones refuse.
 OLDEST_TORCH = "2.11"
 

@@ -513,25 +513,34 @@ def test_train_gpt_2d_on_nccl_equals_one_gpu(tmp_path):
         assert_same_losses_and_sharded(reference, gpt_run(tmp_path, "2d", 4, *extra), sharded=True)
 
 
+def drift(run: dict, reference: dict, key: str) -> float:
+    return max(abs(a / b - 1) for a, b in zip(run[key], reference[key], strict=True))
+
+
 @needs_gpus(2)
-def test_train_gpt_compile_and_float8_on_nccl(tmp_path):
-    """--compile (aot_eager) under fsdp on 2 GPUs equals the eager run within 1e-4; --float8 (torchao's
-    FP8 kernels from compute capability 8.9, emulated before) on one GPU within tau of bfloat16's run
-    (tau = 32 x bfloat16's drift from float32, measured here: chapter 17a), and under fsdp (FP8
-    all-gathers over nccl) within 2 tau of one GPU's FP8 run; losses and gradient norms."""
-    from parallel_course import float8
-
-    def drift(run, reference, key):
-        return max(abs(a / b - 1) for a, b in zip(run[key], reference[key], strict=True))
-
+def test_train_gpt_compile_on_nccl(tmp_path):
+    """--compile (aot_eager) under fsdp on 2 GPUs equals the eager run within 1e-4: losses and
+    gradient norms."""
     eager, compiled = gpt_run(tmp_path, "fsdp", 2), gpt_run(tmp_path, "fsdp", 2, "--compile")
     assert compiled["compile"]["graphs"] >= 1 and eager["compile"] is None
+    for key in ("losses", "gradient_norms"):
+        assert drift(compiled, eager, key) < 1e-4, key
+
+
+@needs_gpus(2)
+def test_train_gpt_float8_on_nccl(tmp_path):
+    """--float8 (torchao's FP8 kernels from compute capability 8.9, emulated before) on one GPU within
+    tau of bfloat16's run (tau = 32 x bfloat16's drift from float32, measured here: chapter 17a), and
+    under fsdp (FP8 all-gathers over nccl) within 2 tau of one GPU's FP8 run; losses and gradient norms."""
+    # A GPU node's image may lack torchao (pinned in pyproject.toml): the lane says so and goes on.
+    pytest.importorskip("torchao", reason="torchao is not installed here: bring its wheel (pyproject.toml's pin)")
+    from parallel_course import float8
+
     float32, bfloat16 = gpt_run(tmp_path, "single", 1), gpt_run(tmp_path, "single", 1, "--dtype", "bfloat16")
     one, fsdp = gpt_run(tmp_path, "single", 1, "--float8"), gpt_run(tmp_path, "fsdp", 2, "--float8")
     assert one["float8"]["emulated"] == (torch.cuda.get_device_capability() < (8, 9))
     assert fsdp["float8"]["fsdp_float8_all_gather"]
     for key in ("losses", "gradient_norms"):
-        assert drift(compiled, eager, key) < 1e-4, key
         tau = float8.tolerance(drift(bfloat16, float32, key))
         assert drift(one, bfloat16, key) <= tau and drift(fsdp, one, key) <= 2 * tau, (key, tau)
 
