@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from lab15_edits import DP, GRADIENTS_GATHERED, OWN_TEST, PP, SKIP, TP
 from lab_injection import kernel_in, region, run_cell
 from parallel_course.checks import CheckFailed
 from parallel_course.slips.global_norm import check_clip, check_global_norm
@@ -25,14 +26,9 @@ ONE = "FAIL global_norm on 1 rank (dp 1 × tp 1 × pp 1), one training step's gr
 STEP = "FAIL global_norm on 12 ranks (dp 3 × tp 2 × pp 2), one training step's gradient: expected torch's norm"
 CLIP = "FAIL clip_ on 12 ranks (dp 3 × tp 2 × pp 2), "
 INF = CLIP + "an inf in expert 5 (held by dp rank 2) (1.533, max_norm 0.7666): "
-TP = '    dist.all_reduce(squares["tp_split"], group=layout.tp.group)\n'
-DP = '    dist.all_reduce(squares["expert"], group=layout.dp.group)\n'
-PP = "    dist.all_reduce(stage, group=layout.pp.group)\n"
 ROOT = "    return stage.sqrt()"
 NORM = "    norm = global_norm(pieces, layout)\n"
 SAME = "    # The same norm on every rank: every rank decides alike.\n"
-SKIP = "    if not torch.isfinite(norm):\n        return False\n"
-OWN_TEST = "    if not all(torch.isfinite(p.grad).all() for p in pieces):\n        return False\n"
 SCALE = "        piece.grad.mul_(coefficient)"
 # slip -> (substitutions on the solution's lab15_norm.py, the start of the FAIL line, the words it must hold).
 NORM_SLIPS = {
@@ -69,18 +65,7 @@ NORM_SLIPS = {
     "no square root": ([(ROOT, "    return stage")], ONE, "that is the square of the norm"),
     # The point skipped: each tp rank gathers the whole tensors and takes their norm (the right number).
     "gradients gathered": (
-        [
-            (
-                "        squares[piece.kind] += piece.grad.pow(2).sum()\n",
-                "        grad = piece.grad\n"
-                '        if piece.kind == "tp_split":\n'
-                "            parts = [torch.empty_like(grad) for _ in range(layout.tp.size)]\n"
-                "            dist.all_gather(parts, grad, group=layout.tp.group)\n"
-                "            grad = torch.cat(parts)\n"
-                "        squares[piece.kind] += grad.pow(2).sum()\n",
-            ),
-            (TP, ""),
-        ],
+        GRADIENTS_GATHERED,
         "FAIL global_norm's collectives: a rank gave them 274 elements in all",
         "the norm needs only sums of squares",
     ),

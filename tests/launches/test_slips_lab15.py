@@ -10,17 +10,13 @@ import json
 import pytest
 
 from helpers import job_command, launch
+from lab15_edits import DP, GRADIENTS_GATHERED, OWN_TEST, PP, SKIP
 from slip_injection import DRIVER, assert_fail_names, lab_folder, write_variants
 
 SOLUTION = "lab15_global_norm.ipynb"
 WORLD_SIZE = 4
 REAL = "FAIL global_norm on 4 ranks (dp 1 × tp 2 × pp 2), one training step's gradient: "
-TP = '    dist.all_reduce(squares["tp_split"], group=layout.tp.group)\n'
-DP = '    dist.all_reduce(squares["expert"], group=layout.dp.group)\n'
-PP = "    dist.all_reduce(stage, group=layout.pp.group)\n"
 NORM = "    norm = global_norm(pieces, layout)\n    # The same norm on every rank: every rank decides alike.\n"
-SKIP = "    if not torch.isfinite(norm):\n        return False\n"
-OWN_TEST = "    if not all(torch.isfinite(p.grad).all() for p in pieces):\n        return False\n"
 # slip -> (substitutions on the solution's lab15_norm.py, the words its FAIL line must hold).
 SLIPS = {
     "stages_never_reduced": ([(PP, "")], REAL + "expected torch's norm"),
@@ -28,21 +24,7 @@ SLIPS = {
         [(DP, DP.replace(", group=layout.dp.group", ""))],
         "experts counted on every rank: each expert was counted 4 times",
     ),
-    "gradients_gathered": (
-        [
-            (
-                "        squares[piece.kind] += piece.grad.pow(2).sum()\n",
-                "        grad = piece.grad\n"
-                '        if piece.kind == "tp_split":\n'
-                "            parts = [torch.empty_like(grad) for _ in range(layout.tp.size)]\n"
-                "            dist.all_gather(parts, grad, group=layout.tp.group)\n"
-                "            grad = torch.cat(parts)\n"
-                "        squares[piece.kind] += grad.pow(2).sum()\n",
-            ),
-            (TP, ""),
-        ],
-        "FAIL global_norm's collectives: a rank gave them",
-    ),
+    "gradients_gathered": (GRADIENTS_GATHERED, "FAIL global_norm's collectives: a rank gave them"),
     "clipped_with_the_local_norm": (
         [
             (
