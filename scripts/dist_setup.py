@@ -17,6 +17,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+# Imported before the group exists, not after: torch.distributed.nn makes the default group
+# the default value of its functions' group argument when it is first imported (torch.compile
+# and DTensor import it late), and that value would keep the group, and gloo's threads, alive
+# past teardown().
+import torch.distributed.nn  # noqa: F401
+from torch.distributed.device_mesh import DeviceMesh
+
 
 def free_port() -> str:
     """A port the operating system says is free, for a launch by hand: never a fixed number."""
@@ -81,5 +88,20 @@ def teardown() -> None:
     without an active exception"). Collecting first frees what main() built on the group.
     """
     if dist.is_initialized():
+        release_device_meshes()
         gc.collect()
         dist.destroy_process_group()
+
+
+def release_device_meshes() -> None:
+    """Make every DeviceMesh let go of its process groups.
+
+    A mesh holds its groups, and DTensor keeps the meshes it has seen in caches that live as long
+    as the process (redistribution plans, sharding rules), out of gc.collect()'s reach.
+    """
+    for obj in gc.get_objects():
+        # The type, not isinstance(): DeviceMesh's isinstance check reads attributes of the object,
+        # and one of torch's deprecated objects warns when read.
+        if issubclass(type(obj), DeviceMesh):
+            # The attribute that holds them (torch 2.13); older versions held names only.
+            getattr(obj, "_pg_registry", {}).clear()

@@ -21,6 +21,7 @@ this table; a new layout is a new row (and, if it needs one, a new apply functio
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -191,16 +192,17 @@ class Meshes:
         return self.mesh["cp"] if "cp" in self.dims else self.mesh["dp"]
 
 
-# The meshes made so far in this process group, by device type and shape.
-_MESHES: dict = {"world": None, "made": {}}
+# The meshes made so far in this process group, by device type and shape. The group is held
+# weakly: a cache that held it would keep it, and gloo's threads, alive past teardown().
+_MESHES: dict = {"world": lambda: None, "made": {}}
 
 
 def device_mesh(device_type: str, dims: dict[str, int]) -> DeviceMesh:
     """init_device_mesh with these named dimensions, made once per process group (a collective the
     first time): the same shape asked for again returns the same mesh."""
     world = dist.distributed_c10d._get_default_group()
-    if _MESHES["world"] is not world:
-        _MESHES["world"], _MESHES["made"] = world, {}
+    if _MESHES["world"]() is not world:
+        _MESHES["world"], _MESHES["made"] = weakref.ref(world), {}
     key = (device_type, tuple(dims.items()))
     if key not in _MESHES["made"]:
         _MESHES["made"][key] = init_device_mesh(device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
