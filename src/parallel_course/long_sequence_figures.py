@@ -29,12 +29,13 @@ KIND_NAMES = {"full": "full: every key before every query", "causal": "diagonal:
 @dataclass
 class RingStep:
     """What one rank did at one step of the ring: the chunks of the key/value block it held (and
-    the rank they started on), and per pair of its query chunk and a held key chunk the mask it
+    the rank they started on), its own query chunks, and per pair of its query chunk and a held key chunk the mask it
     computed with ("full", "causal") or "skip" where it computed nothing."""
 
     rank: int
     step: int
     source: int
+    query_chunks: list[int]
     key_chunks: list[int]
     pairs: dict[tuple[int, int], str] = field(default_factory=dict)
 
@@ -131,7 +132,7 @@ def ring_steps(record: RingRecord) -> list[list[RingStep]]:
         for step, (keys, done) in enumerate(zip(record.held[rank], record.computed[rank])):
             pairs = {(q, k): "skip" for q in mine for k in keys}
             pairs.update({(q, k): mask for q, k, mask in done})
-            row.append(RingStep(rank, step, owner[keys[0]], keys, pairs))
+            row.append(RingStep(rank, step, owner[keys[0]], mine, keys, pairs))
         steps.append(row)
     return steps
 
@@ -163,109 +164,98 @@ def draw_split(ax, world_size: int, seq_len: int, layout: str) -> None:
             ax.add_patch(
                 Rectangle((c * size, 0), size, 1, facecolor=RANK_COLOURS[rank % 8], edgecolor="black", linewidth=0.8)
             )
-            ax.text((c + 0.5) * size, 0.5, f"chunk {c}\nrank {rank}", ha="center", va="center", fontsize=9)
+            ax.text((c + 0.5) * size, 0.5, f"chunk {c}\nrank {rank}", ha="center", va="center", fontsize=12)
     ax.set(xlim=(0, seq_len), ylim=(0, 1), yticks=[])
     ax.set_xticks([c * size for c in range(n_chunks + 1)])
-    ax.tick_params(labelsize=9)
-    ax.set_xlabel("position in the sequence", fontsize=10)
+    ax.tick_params(labelsize=11)
+    ax.set_xlabel("position in the sequence", fontsize=12)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
 
 
 def draw_ring_steps(ax, steps: list[list[RingStep]], work: list[int]) -> None:
-    """A row per rank, a column per step: above each cell the block the rank holds (its chunks
-    and the rank it started on), inside it a square per pair (query chunk row, key chunk column)
-    filled as computed: whole, lower triangle (diagonal), or empty (skipped); the rank's query-key
-    pairs in all at the end of its row."""
+    """A row per rank, a column per step: each cell on the colour of the rank whose K/V block the
+    rank holds, with a square per pair (query chunk row "q", key chunk column "k") filled as
+    computed: whole, lower triangle (diagonal), or empty (skipped); the rank's query-key pairs in
+    all at the end of its row."""
     n = len(steps)
+    dx, dy = 1.5, 1.45
     for rank, row in enumerate(steps):
-        y = (n - 1 - rank) * 1.5
-        mine = sorted({q for q, _ in row[0].pairs})
-        ax.text(
-            -0.15,
-            y + 0.5,
-            f"rank {rank}\nqueries: chunk{'s' if len(mine) > 1 else ''} " + ", ".join(map(str, mine)),
-            ha="right",
-            va="center",
-            fontsize=10,
-        )
+        y = (n - 1 - rank) * dy
+        mine = row[0].query_chunks
+        ax.text(-0.3, y + 0.45, f"rank {rank}", ha="right", va="center", fontsize=14)
         for s in row:
-            side = 0.85 / max(len(mine), len(s.key_chunks))
-            x0 = s.step * 1.4 + 0.1
-            for i, q in enumerate(mine):
-                for j, k in enumerate(s.key_chunks):
-                    _pair_square(ax, x0 + j * side, y + 0.85 - (i + 1) * side, side, s.pairs[(q, k)])
-            keys = ", ".join(map(str, s.key_chunks))
-            ax.text(
-                x0 + 0.42,
-                y + 0.95,
-                f"K/V of rank {s.source}\n(chunk{'s' if len(s.key_chunks) > 1 else ''} {keys})",
-                ha="center",
-                va="bottom",
-                fontsize=8.5,
+            side = 0.8 / max(len(mine), len(s.key_chunks))
+            x0 = s.step * dx + 0.3
+            ax.add_patch(
+                Rectangle(
+                    (x0 - 0.22, y - 0.08),
+                    1.24,
+                    1.33,
+                    facecolor=RANK_COLOURS[s.source % 8],
+                    edgecolor="none",
+                    alpha=0.55,
+                )
             )
-        ax.text(n * 1.4 + 0.1, y + 0.45, f"{work[rank]} pairs", ha="left", va="center", fontsize=10)
+            ax.text(x0 + 0.4, y + 1.2, f"K/V of rank {s.source}", ha="center", va="top", fontsize=11.5)
+            for j, k in enumerate(s.key_chunks):
+                ax.text(x0 + (j + 0.5) * side, y + 0.82, f"k{k}", ha="center", va="bottom", fontsize=10)
+            for i, q in enumerate(mine):
+                ax.text(x0 - 0.03, y + 0.8 - (i + 0.5) * side, f"q{q}", ha="right", va="center", fontsize=10)
+                for j, k in enumerate(s.key_chunks):
+                    _pair_square(ax, x0 + j * side, y + 0.8 - (i + 1) * side, side, s.pairs[(q, k)])
+        ax.text(n * dx + 0.2, y + 0.4, f"{work[rank]}\npairs", ha="left", va="center", fontsize=13)
     for step in range(n):
-        ax.text(step * 1.4 + 0.52, n * 1.5 + 0.05, f"step {step}", ha="center", va="bottom", fontsize=11)
-    ax.set(xlim=(-1.5, n * 1.4 + 0.9), ylim=(-0.2, n * 1.5 + 0.45))
+        ax.text(step * dx + 0.7, n * dy + 0.02, f"step {step}", ha="center", va="bottom", fontsize=13)
+    ax.set(xlim=(-1.3, n * dx + 1.0), ylim=(-0.15, n * dy + 0.35))
     ax.axis("off")
 
 
-def ring_figure(records: list[RingRecord]) -> Figure:
-    """One column per record (layout): its split of the sequence above, its ring steps below."""
-    fig = Figure(figsize=(7.2 * len(records), 7.4), layout="constrained")
-    n = records[0].world_size
+def ring_figure(record: RingRecord) -> Figure:
+    """One layout: its split of the sequence above, its ring steps below, a key to the squares."""
+    steps = ring_steps(record)
+    fig = Figure(figsize=(10, 8.2), layout="constrained")
     fig.suptitle(
-        f"Causal ring attention on {n} ranks, as cp.ring_attention ran it: the K/V block each rank holds "
-        "at each step, and each block pair's mask\n"
-        "(after each step every rank passes its block to rank r+1 and receives rank r-1's)",
-        fontsize=12,
+        f"Causal ring attention, {record.layout} split, {record.world_size} ranks, as cp.ring_attention ran it:\n"
+        "after each step, every rank passes the K/V block it holds to rank r+1",
+        fontsize=14,
     )
-    grid = fig.add_gridspec(2, len(records), height_ratios=[1, 7.5])
-    for col, record in enumerate(records):
-        steps = ring_steps(record)
-        split = fig.add_subplot(grid[0, col])
-        draw_split(split, record.world_size, record.seq_len, record.layout)
-        split.set_title(f"{record.layout} split", fontsize=12)
-        draw_ring_steps(fig.add_subplot(grid[1, col]), steps, pairs_computed(steps, record.seq_len, record.layout))
+    grid = fig.add_gridspec(2, 1, height_ratios=[1, 7])
+    draw_split(fig.add_subplot(grid[0]), record.world_size, record.seq_len, record.layout)
+    draw_ring_steps(fig.add_subplot(grid[1]), steps, pairs_computed(steps, record.seq_len, record.layout))
     handles = [
-        Patch(facecolor=KIND_COLOURS["full"], edgecolor="0.5", label="full block: keys before the queries"),
-        Patch(
-            facecolor=KIND_COLOURS["causal"], edgecolor="0.5", label="diagonal block: its lower triangle (causal mask)"
-        ),
-        Patch(facecolor=KIND_COLOURS["skip"], edgecolor="0.5", label="skipped: keys after the queries"),
+        Patch(facecolor=KIND_COLOURS["full"], edgecolor="0.5", label="full"),
+        Patch(facecolor=KIND_COLOURS["causal"], edgecolor="0.5", label="diagonal: causal mask"),
+        Patch(facecolor=KIND_COLOURS["skip"], edgecolor="0.5", label="skipped"),
     ]
     fig.legend(
         handles=handles,
         loc="outside lower center",
         ncol=3,
-        fontsize=11,
+        fontsize=13,
         frameon=False,
-        title="square = (query chunk row, key chunk column)",
-        title_fontsize=10,
+        title="a square: query chunk q (row) against key chunk k (column)",
+        title_fontsize=12,
     )
     return fig
 
 
-def describe_ring(records: list[RingRecord]) -> str:
-    """The figure's text alternative: per layout, the split, then per rank and step the block held
-    and its pairs' masks, and the pairs each rank computed."""
-    parts = []
-    for record in records:
-        steps = ring_steps(record)
-        n = record.world_size
-        owners = "; ".join(f"rank {r} holds chunks {cp.chunks_of(r, n, record.layout)}" for r in range(n))
-        parts.append(
-            f"{record.layout} split of {record.seq_len} positions into {cp.chunk_count(n, record.layout)} "
-            f"chunks: {owners}."
+def describe_ring(record: RingRecord) -> str:
+    """The figure's text alternative: the split, then per rank and step the block held and its
+    pairs' masks, and the pairs each rank computed."""
+    steps = ring_steps(record)
+    n = record.world_size
+    owners = "; ".join(f"rank {r} holds chunks {cp.chunks_of(r, n, record.layout)}" for r in range(n))
+    parts = [
+        f"Causal ring attention on {n} ranks, step by step. {record.layout} split of {record.seq_len} positions "
+        f"into {cp.chunk_count(n, record.layout)} chunks: {owners}."
+    ]
+    for row in steps:
+        cells = "; ".join(
+            f"step {s.step}: K/V of rank {s.source}, "
+            + ", ".join(f"q{q}-k{k} {kind}" for (q, k), kind in s.pairs.items())
+            for s in row
         )
-        for row in steps:
-            cells = "; ".join(
-                f"step {s.step}: K/V of rank {s.source}, "
-                + ", ".join(f"q{q}-k{k} {kind}" for (q, k), kind in s.pairs.items())
-                for s in row
-            )
-            parts.append(f"Rank {row[0].rank}: {cells}.")
-        work = pairs_computed(steps, record.seq_len, record.layout)
-        parts.append(f"Query-key pairs per rank: {work}.")
-    return f"Causal ring attention on {records[0].world_size} ranks, step by step. " + " ".join(parts)
+        parts.append(f"Rank {row[0].rank}: {cells}.")
+    parts.append(f"Query-key pairs per rank: {pairs_computed(steps, record.seq_len, record.layout)}.")
+    return " ".join(parts)
