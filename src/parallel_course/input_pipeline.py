@@ -72,10 +72,11 @@ def timed_steps(batches: Iterable, step: Callable, steps: int) -> dict[str, floa
     also pays for starting workers) and time, separately, the waits for the next batch and the
     steps. Returns seconds per step: ``wait``, ``compute``, ``total``, and ``wait_share``; and
     ``compute_cpu``, the CPU time the calling thread spent in the steps (what a step needs: a busy
-    machine lengthens its wall time only)."""
+    machine lengthens its wall time only); and ``per_step``, each step's (wait, compute) in order."""
     it = iter(batches)
     step(next(it))
     wait = compute = cpu = 0.0
+    per_step = []
     for _ in range(steps):
         t0 = time.perf_counter()
         batch = next(it)
@@ -83,6 +84,7 @@ def timed_steps(batches: Iterable, step: Callable, steps: int) -> dict[str, floa
         step(batch)
         t2, c2 = time.perf_counter(), time.thread_time()
         wait, compute, cpu = wait + t1 - t0, compute + t2 - t1, cpu + c2 - c1
+        per_step.append((t1 - t0, t2 - t1))
     total = wait + compute
     return {
         "wait": wait / steps,
@@ -90,6 +92,7 @@ def timed_steps(batches: Iterable, step: Callable, steps: int) -> dict[str, floa
         "total": total / steps,
         "wait_share": wait / total,
         "compute_cpu": cpu / steps,
+        "per_step": per_step,
     }
 
 
