@@ -55,14 +55,14 @@ def draw_expert_slots(ax, buffers: list[list[Slot]], capacity: int) -> None:
     n = len(buffers)
     for e, buffer in enumerate(buffers):
         y = n - 1 - e
-        ax.text(-0.15, y + 0.4, f"expert {e}", ha="right", va="center", fontsize=12)
+        ax.text(-0.15, y + 0.4, f"expert {e}", ha="right", va="center", fontsize=15)
         taken = {s.slot: s for s in buffer}
         for i in range(width):
             s = taken.get(i)
             if s is None:
                 if i < capacity:
                     ax.add_patch(Rectangle((i + 0.05, y), 0.9, 0.8, facecolor="white", edgecolor="0.5", linestyle="--"))
-                    ax.text(i + 0.5, y + 0.4, "empty", ha="center", va="center", fontsize=10, color="0.45")
+                    ax.text(i + 0.5, y + 0.4, "empty", ha="center", va="center", fontsize=13, color="0.45")
                 continue
             colour = CHOICE_COLOURS[(s.choice - 1) % 4] if s.kept else DROPPED_COLOUR
             ax.add_patch(
@@ -77,7 +77,7 @@ def draw_expert_slots(ax, buffers: list[list[Slot]], capacity: int) -> None:
                     hatch=None if s.kept else "//",
                 )
             )
-            label = f"token {s.token}\n{_ordinal(s.choice)} choice\ngate {s.gate:.2g}"
+            label = f"token {s.token}\n{_ordinal(s.choice)} choice"
             box = None if s.kept else {"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5}
             ax.text(
                 i + 0.5,
@@ -85,7 +85,7 @@ def draw_expert_slots(ax, buffers: list[list[Slot]], capacity: int) -> None:
                 label + ("" if s.kept else "\nDROPPED"),
                 ha="center",
                 va="center",
-                fontsize=9.5,
+                fontsize=13,
                 bbox=box,
             )
     ax.axvline(capacity, color="#c1121f", linewidth=2.5)
@@ -95,23 +95,23 @@ def draw_expert_slots(ax, buffers: list[list[Slot]], capacity: int) -> None:
         f"capacity: {capacity} slots; past it, dropped",
         ha="left",
         va="bottom",
-        fontsize=11,
+        fontsize=13,
         color="#c1121f",
     )
     for i in range(width):
         name = f"slot {i}" if i < capacity else f"(slot {i})"
-        ax.text(i + 0.5, -0.1, name, ha="center", va="top", fontsize=10, color="0.3")
+        ax.text(i + 0.5, -0.1, name, ha="center", va="top", fontsize=13, color="0.3")
     ax.set(xlim=(-1.3, width + 0.1), ylim=(-0.5, n + 0.45))
     ax.axis("off")
 
 
 def expert_slots_figure(buffers: list[list[Slot]], capacity: int, top_k: int) -> Figure:
     tokens = len({s.token for b in buffers for s in b})
-    fig = Figure(figsize=(11, 1.3 * len(buffers) + 2.2), layout="constrained")
+    fig = Figure(figsize=(11, 1.15 * len(buffers) + 2.0), layout="constrained")
     fig.suptitle(
         f"{tokens} tokens, top-{top_k}, routed to {len(buffers)} experts of {capacity} slots each: slots are handed "
         "out in token order,\nevery first choice before any second; a choice that finds its expert full is dropped",
-        fontsize=12,
+        fontsize=14,
     )
     draw_expert_slots(fig.add_subplot(), buffers, capacity)
     handles = [
@@ -122,7 +122,7 @@ def expert_slots_figure(buffers: list[list[Slot]], capacity: int, top_k: int) ->
         Patch(facecolor=DROPPED_COLOUR, edgecolor="#c1121f", hatch="//", linestyle="--", label="dropped: past capacity")
     )
     handles.append(Patch(facecolor="white", edgecolor="0.5", linestyle="--", label="empty slot"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=11, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=13, frameon=False)
     return fig
 
 
