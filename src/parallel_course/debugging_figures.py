@@ -64,7 +64,7 @@ def draw_flight_grid(ax, grid: FlightGrid) -> None:
     n = len(grid.ranks)
     for r, (rank, row) in enumerate(zip(grid.ranks, grid.cells)):
         y = n - 1 - r
-        ax.text(-0.1, y + 0.4, f"rank {rank}", ha="right", va="center", fontsize=12)
+        ax.text(-0.1, y + 0.4, f"rank {rank}", ha="right", va="center", fontsize=15)
         for i, (c, verdict) in enumerate(zip(row, grid.verdicts)):
             if c is None:
                 ax.add_patch(
@@ -79,22 +79,22 @@ def draw_flight_grid(ax, grid: FlightGrid) -> None:
                     )
                 )
                 ax.text(
-                    i * 1.6 + 0.8, y + 0.4, "never\nentered", ha="center", va="center", fontsize=10, color="#c1121f"
+                    i * 1.6 + 0.8, y + 0.4, "never\nentered", ha="center", va="center", fontsize=13, color="#c1121f"
                 )
                 continue
             ax.add_patch(
                 Rectangle((i * 1.6 + 0.05, y), 1.5, 0.8, facecolor=COLOURS[verdict], edgecolor="black", linewidth=0.8)
             )
-            ax.text(i * 1.6 + 0.8, y + 0.4, f"{c.op}\n({_sizes(c)})", ha="center", va="center", fontsize=10)
+            ax.text(i * 1.6 + 0.8, y + 0.4, f"{c.op}\n({_sizes(c)})", ha="center", va="center", fontsize=13)
     for i, seq in enumerate(grid.seqs):
-        ax.text(i * 1.6 + 0.8, n + 0.05, f"#{seq}", ha="center", va="bottom", fontsize=12)
+        ax.text(i * 1.6 + 0.8, n + 0.05, f"#{seq}", ha="center", va="bottom", fontsize=15)
     ax.text(
         len(grid.seqs) * 0.8,
         n + 0.45,
         "collective sequence number (oldest to newest)",
         ha="center",
         va="bottom",
-        fontsize=10,
+        fontsize=12,
         color="0.3",
     )
     ax.set(xlim=(-1.1, len(grid.seqs) * 1.6 + 0.1), ylim=(-0.15, n + 0.9))
@@ -103,13 +103,13 @@ def draw_flight_grid(ax, grid: FlightGrid) -> None:
 
 def flight_figure(grid: FlightGrid, title: str) -> Figure:
     fig = Figure(figsize=(max(6.5, 1.75 * len(grid.seqs) + 1.6), 1.05 * len(grid.ranks) + 2.2), layout="constrained")
-    fig.suptitle(title, fontsize=12)
+    fig.suptitle(title, fontsize=14)
     draw_flight_grid(fig.add_subplot(), grid)
     shown = [v for v in VERDICTS if v in grid.verdicts]
     handles = [Patch(facecolor=COLOURS[v], edgecolor="black", label=VERDICTS[v]) for v in shown]
     if any(c is None for row in grid.cells for c in row):
         handles.append(Patch(facecolor="white", edgecolor="#c1121f", linestyle="--", label="never entered"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=11, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=13, frameon=False)
     return fig
 
 
