@@ -71,7 +71,9 @@ def draw_samples(ax, rows: list[list[SampleBox]], title: str) -> None:
                     linewidth=2.6 if box.shared else 0.8,
                 )
             )
-            ax.text(x + 0.5, y + 0.4, f"sample {box.index}\nnoise {box.noise:.3f}", ha="center", va="center", fontsize=12)
+            ax.text(
+                x + 0.5, y + 0.4, f"sample {box.index}\nnoise {box.noise:.3f}", ha="center", va="center", fontsize=12
+            )
             width = max(width, x + 1)
         batches = sorted({b.batch for b in row})
         for batch in batches:
