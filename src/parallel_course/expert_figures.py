@@ -16,6 +16,7 @@ from matplotlib.patches import Patch, Rectangle
 # A token's first choice, its second (and later) choices, a dropped choice, an empty slot.
 CHOICE_COLOURS = ["#8ecae6", "#ffb703", "#b5e48c", "#cdb4db"]
 DROPPED_COLOUR = "#f4a3a3"
+TOKEN_COLOUR = "#5b8fc7"
 
 
 @dataclass(frozen=True)
@@ -138,3 +139,96 @@ def describe_expert_slots(buffers: list[list[Slot]], capacity: int) -> str:
         text += f"; dropped: {', '.join(dropped)}" if dropped else ""
         parts.append(text + ".")
     return f"Each expert's buffer of {capacity} slots as the router filled it. " + " ".join(parts)
+
+
+@dataclass
+class Traffic:
+    """What expert parallelism's dispatch all-to-all carries: ``tokens[src][dst]``, the kept choices
+    of rank src's tokens whose expert lives on rank dst, in a block of ``slots`` slots (the same for
+    every pair: E/R experts x capacity); ``dropped[src]``, rank src's choices that found no slot;
+    ``experts[dst]``, the experts rank dst holds. The combine all-to-all sends the same blocks back:
+    its matrix is the transpose."""
+
+    tokens: list[list[int]]
+    slots: int
+    dropped: list[int]
+    experts: list[list[int]]
+
+
+def all_to_all_traffic(routed: list[tuple[torch.Tensor, torch.Tensor]], n_experts: int, capacity: int) -> Traffic:
+    """From each rank's own routing (its ``route`` experts and kept, each (tokens, top_k)), with the
+    experts split evenly and in order over the ranks (rank j holds experts j*E/R ...)."""
+    ranks = len(routed)
+    if n_experts % ranks:
+        raise ValueError(f"{n_experts} experts do not split evenly over {ranks} ranks")
+    per_rank = n_experts // ranks
+    tokens = [[0] * ranks for _ in range(ranks)]
+    dropped = []
+    for src, (experts, kept) in enumerate(routed):
+        for dst in range(ranks):
+            home = (experts // per_rank) == dst
+            tokens[src][dst] = int((home & kept).sum())
+        dropped.append(int((~kept).sum()))
+    held = [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(ranks)]
+    return Traffic(tokens, per_rank * capacity, dropped, held)
+
+
+def _holds(experts: list[int]) -> str:
+    return f"expert {experts[0]}" if len(experts) == 1 else f"experts {experts[0]}-{experts[-1]}"
+
+
+def draw_traffic(ax, matrix: list[list[int]], slots: int, title: str, experts: list[list[int]]) -> None:
+    """A cell per (sender row, receiver column): the block it sends, filled from the bottom with
+    the tokens in it, the rest (padding) left empty."""
+    n = len(matrix)
+    for i, row in enumerate(matrix):
+        y = n - 1 - i
+        for j, count in enumerate(row):
+            ax.add_patch(Rectangle((j, y), 0.94, 0.9, facecolor="white", edgecolor="0.4", linestyle="--"))
+            ax.add_patch(Rectangle((j, y), 0.94, 0.9 * count / slots, facecolor=TOKEN_COLOUR, edgecolor="0.4"))
+            ax.text(
+                j + 0.47,
+                y + 0.45,
+                f"{count}\nof {slots}",
+                ha="center",
+                va="center",
+                fontsize=13,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.5},
+            )
+        ax.text(-0.1, y + 0.45, f"from rank {i}\n({_holds(experts[i])})", ha="right", va="center", fontsize=12)
+    for j in range(n):
+        ax.text(j + 0.47, n + 0.02, f"to rank {j}\n({_holds(experts[j])})", ha="center", va="bottom", fontsize=12)
+    ax.set_title(title, fontsize=13)
+    ax.set(xlim=(-1.5, n), ylim=(-0.1, n + 0.6))
+    ax.axis("off")
+
+
+def traffic_figure(traffic: Traffic, layer: str) -> Figure:
+    ranks = len(traffic.tokens)
+    fig = Figure(figsize=(12, 0.95 * ranks + 2.6), layout="constrained")
+    fig.suptitle(
+        f"Expert parallelism on {ranks} ranks, {layer}: each all-to-all sends every rank one block of "
+        f"{traffic.slots} slots,\nfilled with the tokens routed to that rank's experts; the rest is padding",
+        fontsize=13,
+    )
+    dispatch, combine = fig.subplots(1, 2)
+    draw_traffic(dispatch, traffic.tokens, traffic.slots, "dispatch: tokens to their experts", traffic.experts)
+    back = [list(col) for col in zip(*traffic.tokens)]
+    draw_traffic(combine, back, traffic.slots, "combine: outputs back to their tokens' ranks", traffic.experts)
+    handles = [
+        Patch(facecolor=TOKEN_COLOUR, edgecolor="0.4", label="slots holding a token"),
+        Patch(facecolor="white", edgecolor="0.4", linestyle="--", label="padding: sent all the same"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=12, frameon=False)
+    return fig
+
+
+def describe_traffic(traffic: Traffic, layer: str) -> str:
+    """The figure's text alternative: the tokens in each block of the dispatch, and the drops."""
+    ranks = len(traffic.tokens)
+    pairs = "; ".join(f"rank {i} to rank {j}: {traffic.tokens[i][j]}" for i in range(ranks) for j in range(ranks))
+    return (
+        f"Expert parallelism on {ranks} ranks, {layer}: tokens in each block of {traffic.slots} slots of the dispatch "
+        f"all-to-all, {pairs}. The combine all-to-all sends the same blocks back (the transpose). Choices dropped on "
+        f"each rank: {traffic.dropped}."
+    )

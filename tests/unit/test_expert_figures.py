@@ -1,5 +1,6 @@
 """parallel_course.expert_figures (chapter 13b): each expert's slots as gpt.route fills them."""
 
+import pytest
 import torch
 
 from parallel_course import expert_figures as ef
@@ -46,3 +47,25 @@ def test_figure_has_a_box_per_choice_and_per_empty_slot():
     (ax,) = fig.axes
     # 12 choices and 2 empty slots of expert 2.
     assert len(ax.patches) == 12 + 2
+
+
+def test_the_all_to_all_blocks_hold_the_tokens_routed_to_each_ranks_experts():
+    # Two ranks of two tokens each, 4 experts (rank 0 holds 0 and 1, rank 1 holds 2 and 3), top-2.
+    rank0 = (torch.tensor([[0, 2], [1, 3]]), torch.tensor([[True, True], [True, False]]))
+    rank1 = (torch.tensor([[3, 2], [3, 0]]), torch.tensor([[True, True], [True, True]]))
+    traffic = ef.all_to_all_traffic([rank0, rank1], n_experts=4, capacity=3)
+    assert traffic.tokens == [[2, 1], [1, 3]]
+    assert traffic.slots == 2 * 3 and traffic.dropped == [1, 0]
+    assert traffic.experts == [[0, 1], [2, 3]]
+    # Every kept choice is in exactly one block.
+    assert sum(map(sum, traffic.tokens)) == int(rank0[1].sum() + rank1[1].sum())
+    alt = ef.describe_traffic(traffic, "block 0")
+    assert "rank 0 to rank 1: 1; rank 1 to rank 0: 1; rank 1 to rank 1: 3" in alt
+    fig = ef.traffic_figure(traffic, "block 0")
+    # Per panel and pair: the block and its filled part.
+    assert [len(ax.patches) for ax in fig.axes] == [2 * 4, 2 * 4]
+
+
+def test_experts_must_split_evenly_over_the_ranks():
+    with pytest.raises(ValueError, match="do not split evenly"):
+        ef.all_to_all_traffic([(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool))] * 3, 4, 1)
