@@ -60,6 +60,10 @@ def test_timed_steps_tells_waiting_from_computing():
     assert t["wait"] >= 0.02 and t["compute_cpu"] < t["wait"]
     assert t["total"] == pytest.approx(t["wait"] + t["compute"])
     assert t["wait_share"] == pytest.approx(t["wait"] / t["total"])
+    # Each timed step's own (wait, compute), in order: what chapter 11b's timeline draws.
+    assert len(t["per_step"]) == 3 and all(wait >= 0.02 for wait, _ in t["per_step"])
+    assert sum(wait for wait, _ in t["per_step"]) / 3 == pytest.approx(t["wait"])
+    assert sum(compute for _, compute in t["per_step"]) / 3 == pytest.approx(t["compute"])
 
 
 def test_timed_steps_tells_the_steps_cpu_time_from_their_wall_time():
