@@ -50,6 +50,14 @@ Small modules, each doing what its name says:
 - ``collective_figures`` chapter 03's figures: each collective before and after; the ring step by step
 - ``sharding_figures`` chapter 08's figures: what each rank keeps under DDP and ZeRO-1/2/3; FSDP2's step
 - ``launcher_figures`` chapter 12's figures: what each process of each launch did; their losses
+- ``input_pipeline_figures`` chapter 11b's figures: the samples each rank and loader worker read,
+                     with their noise; each step's wait and compute on a timeline
+- ``long_sequence_figures`` chapter 13a's figures: ring attention run on simulated ranks, each
+                     rank's K/V block and each block pair's mask per step, contiguous and zig-zag
+- ``expert_figures`` chapter 13b's figures: each expert's slots as the router filled them
+                     (capacity, drops); what ep's two all-to-alls carry
+- ``debugging_figures`` chapter 14b's figures: every rank's flight record by sequence number, where
+                     ranks fall behind or disagree
 - ``compat``         what differs between torch 2.11-2.13, one helper per fact: versions and one-line
                      notes or refusals, DDP's buffer-sync keyword, the single-tensor collectives' names,
                      a group's timeout
