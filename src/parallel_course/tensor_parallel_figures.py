@@ -144,15 +144,15 @@ JOINS = {"all_gather": "slices put side by side", "all_reduce": "partial outputs
 
 
 def draw_split(ax, split: LayerSplit) -> None:
-    """One layer: W (out x in) with each rank's block in its colour; per rank, the output it
-    computes (its slice, or a partial sum over all features, hatched); the forward collective
-    the run counted, and the whole output every rank then holds."""
+    """One layer: W (out x in) with each rank's block in its colour; beside it, per rank, the
+    output it computes (its slice, or a partial sum over all features, hatched); below, the
+    forward collective the run counted, and the whole output every rank then holds."""
     out_f, in_f = split.shape
-    # W drawn 3 units tall; its width in proportion.
-    s = 3.0 / out_f
+    # W drawn 3 units tall, from y = 2 to 5; its width in proportion.
+    s, top = 3.0 / out_f, 5.0
     for sh in split.shards:
         colour = RANK_COLOURS[sh.rank % len(RANK_COLOURS)]
-        x0, y0 = sh.cols[0] * s, 3.0 - sh.rows[1] * s
+        x0, y0 = sh.cols[0] * s, top - sh.rows[1] * s
         w, h = (sh.cols[1] - sh.cols[0]) * s, (sh.rows[1] - sh.rows[0]) * s
         ax.add_patch(Rectangle((x0, y0), w, h, facecolor=colour, edgecolor="black", linewidth=1))
         ax.text(
@@ -161,68 +161,57 @@ def draw_split(ax, split: LayerSplit) -> None:
             f"rank {sh.rank}\n{sh.rows[1] - sh.rows[0]}×{sh.cols[1] - sh.cols[0]}",
             ha="center",
             va="center",
-            fontsize=10,
+            fontsize=11,
         )
-    ax.text(in_f * s / 2, 3.15, f"W: {out_f} out × {in_f} in", ha="center", va="bottom", fontsize=10)
-    ax.text(in_f * s / 2, -0.15, f"Shard(dim={split.dim})", ha="center", va="top", fontsize=10)
+    ax.text(in_f * s / 2, top + 0.12, f"W: {out_f} × {in_f}", ha="center", va="bottom", fontsize=11)
+    ax.text(in_f * s / 2, top - 3.12, f"Shard(dim={split.dim})", ha="center", va="top", fontsize=11)
     # Per rank, the output it computes: a bar of the out features.
     n = len(split.shards)
-    bx, bw = in_f * s + 1.0, 2.4
+    bx, bw = in_f * s + 0.7, 3.0
     for sh in split.shards:
-        y = 3.0 - (sh.rank + 1) * 3.0 / n + 0.5 * 3.0 / n
+        y = top - (sh.rank + 0.5) * 3.0 / n - 0.25
         colour = RANK_COLOURS[sh.rank % len(RANK_COLOURS)]
         ax.add_patch(Rectangle((bx, y - 0.15), bw, 0.3, fill=False, edgecolor="0.5", linewidth=0.8))
         x = bx + sh.out[0] / out_f * bw
-        ax.add_patch(
-            Rectangle(
-                (x, y - 0.15),
-                (sh.out[1] - sh.out[0]) / out_f * bw,
-                0.3,
-                facecolor=colour,
-                edgecolor="black",
-                hatch="//" if sh.partial else None,
-            )
-        )
-        ax.text(bx + bw / 2, y + 0.2, f"rank {sh.rank}: {computes(sh, out_f)}", ha="center", va="bottom", fontsize=9.5)
-    ax.text(bx + bw / 2, 3.15, "each rank's output", ha="center", va="bottom", fontsize=10)
-    # The collective and what every rank holds after it.
-    cx = bx + bw + 0.3
-    joins = [JOINS.get(name, name) for name in sorted(split.forward)]
-    ax.annotate("", xy=(cx + 2.0, 1.5), xytext=(cx, 1.5), arrowprops={"arrowstyle": "-|>", "lw": 1.5})
-    ax.text(cx + 1.0, 1.62, _names(split.forward), ha="center", va="bottom", fontsize=10, fontweight="bold")
-    ax.text(cx + 1.0, 1.38, "\n".join(joins), ha="center", va="top", fontsize=9)
-    rx = cx + 2.3
+        width = (sh.out[1] - sh.out[0]) / out_f * bw
+        hatch = "//" if sh.partial else None
+        ax.add_patch(Rectangle((x, y - 0.15), width, 0.3, facecolor=colour, edgecolor="black", hatch=hatch))
+        ax.text(bx, y + 0.22, f"rank {sh.rank}: {computes(sh, out_f)}", ha="left", va="bottom", fontsize=10.5)
+    ax.text(bx + bw / 2, top + 0.12, "what each rank computes", ha="center", va="bottom", fontsize=11)
+    # Down: the collective, and what every rank holds after it.
+    ax.annotate("", xy=(bx + bw / 2, 0.95), xytext=(bx + bw / 2, 1.85), arrowprops={"arrowstyle": "-|>", "lw": 1.8})
+    joins = ", ".join(JOINS.get(name, name) for name in sorted(split.forward))
+    ax.text(bx + bw / 2 + 0.15, 1.55, _names(split.forward), ha="left", va="center", fontsize=12, fontweight="bold")
+    ax.text(bx + bw / 2 + 0.15, 1.2, joins, ha="left", va="center", fontsize=10.5)
     if any(sh.partial for sh in split.shards):
-        ax.add_patch(Rectangle((rx, 1.35), bw, 0.3, facecolor=REDUCED_COLOUR, edgecolor="black"))
+        ax.add_patch(Rectangle((bx, 0.5), bw, 0.3, facecolor=REDUCED_COLOUR, edgecolor="black"))
     else:
         for sh in split.shards:
             colour = RANK_COLOURS[sh.rank % len(RANK_COLOURS)]
-            x = rx + sh.out[0] / out_f * bw
-            ax.add_patch(
-                Rectangle((x, 1.35), (sh.out[1] - sh.out[0]) / out_f * bw, 0.3, facecolor=colour, edgecolor="black")
-            )
+            x = bx + sh.out[0] / out_f * bw
+            width = (sh.out[1] - sh.out[0]) / out_f * bw
+            ax.add_patch(Rectangle((x, 0.5), width, 0.3, facecolor=colour, edgecolor="black"))
     bias = " (+ b, once)" if any(sh.partial for sh in split.shards) else ""
-    ax.text(rx + bw / 2, 1.75, f"every rank: all {out_f} features{bias}", ha="center", va="bottom", fontsize=9.5)
+    ax.text(bx - 0.15, 0.65, f"every rank: all {out_f}{bias}", ha="right", va="center", fontsize=10.5)
     ax.text(
-        rx + bw / 2,
-        0.9,
-        f"backward: {_names(split.backward)}\n(the input's gradient)",
+        bx + bw / 2,
+        0.3,
+        f"backward: {_names(split.backward)} (the input's gradient)",
         ha="center",
         va="top",
-        fontsize=9,
+        fontsize=10.5,
         color="0.25",
     )
-    ax.set_title(
-        f"{split.name}: each rank keeps a block of W's {split.style}; bias {split.bias}", fontsize=12, loc="left"
-    )
-    ax.set(xlim=(-0.2, rx + bw + 0.2), ylim=(-0.8, 3.55), aspect="equal")
+    ax.set_title(f"{split.name}: each rank keeps\na block of W's {split.style}; bias {split.bias}", fontsize=12.5)
+    # Kept to the bottom of its space when the equal aspect shrinks it: its title clear of the figure's.
+    ax.set(xlim=(-1.9, bx + bw + 0.3), ylim=(-0.3, top + 0.45), aspect="equal", anchor="S")
     ax.axis("off")
 
 
 def tp_figure(run: TPRun) -> Figure:
-    """Each split layer of the run in a row, and a key to the colours."""
+    """Each split layer of the run side by side, and a key to the colours."""
     splits = layer_splits(run)
-    fig = Figure(figsize=(12, 3.6 * len(splits) + 0.5), layout="constrained")
+    fig = Figure(figsize=(6.5 * len(splits), 5.6), layout="constrained")
     title = f"A linear layer split over {run.ranks} ranks, as c07_tensor_parallel.py ran it"
     # The modules the run counted without printing a weight (the MLP): one line each.
     others = [
@@ -230,8 +219,8 @@ def tp_figure(run: TPRun) -> Figure:
         for name, (f, b) in run.comms.items()
         if name not in run.weights
     ]
-    fig.suptitle("\n".join([title, *others]), fontsize=13)
-    axes = fig.subplots(len(splits), 1, squeeze=False)[:, 0]
+    fig.suptitle(title, fontsize=13.5)
+    axes = fig.subplots(1, len(splits), squeeze=False)[0]
     for ax, split in zip(axes, splits):
         draw_split(ax, split)
     handles = [
@@ -242,7 +231,15 @@ def tp_figure(run: TPRun) -> Figure:
         Patch(facecolor="white", edgecolor="black", hatch="//", label="a partial sum (misses the other ranks' terms)")
     )
     handles.append(Patch(facecolor=REDUCED_COLOUR, edgecolor="black", label="summed over all ranks"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=10, frameon=False)
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=len(handles),
+        fontsize=11,
+        frameon=False,
+        title="\n".join(others) or None,
+        title_fontsize=12,
+    )
     return fig
 
 

@@ -89,12 +89,13 @@ def test_draw_puts_one_block_of_w_per_rank_and_the_figure_has_a_panel_per_layer(
     draw_split(ax, column)
     texts = [t.get_text() for t in ax.texts]
     assert "rank 0\n16×16" in texts and "rank 1\n16×16" in texts
-    assert "1 all_gather" in texts
+    assert "1 all_gather" in texts and "every rank: all 32" in texts
     # W's blocks, each rank's output bar (outline and filled slice), the joined output's slices.
     assert len([p for p in ax.patches if isinstance(p, Rectangle)]) == 2 + 2 * 2 + 2
     fig = tp_figure(run)
     assert len(fig.axes) == 2
-    assert "MLP column -> ReLU -> row: forward 1 all_reduce, backward 1 all_reduce" in fig._suptitle.get_text()
+    legend = fig.legends[0].get_title().get_text()
+    assert legend == "MLP column -> ReLU -> row: forward 1 all_reduce, backward 1 all_reduce"
 
 
 def test_describe_says_each_ranks_block_and_the_collectives():
