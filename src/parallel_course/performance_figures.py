@@ -1,7 +1,8 @@
 """Figures of where time and memory go, drawn from the chapters' own measurements: a DDP step's
 time per rank against one process and against the ideal share (06b, from ``bench_scaling.py``'s
 JSON), and what autograd keeps for ``backward()`` in float32 and under autocast (06c, from
-``resource_use.saved_for_backward``'s byte counts).
+``resource_use.saved_for_backward``'s byte counts), and the gradient norms clipping saw and left
+in either order of ``GradScaler.unscale_`` and ``clip_grad_norm_`` (06c, M17).
 
 ``step_rows`` and ``saved_rows`` compute what is drawn where; the ``draw_`` functions only place
 it on Axes; ``describe_`` functions write the text alternatives."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from .resource_use import SAVED_KINDS
@@ -70,7 +72,7 @@ def step_rows(report: dict, model: str) -> tuple[int, list[Bar]]:
     return n, bars
 
 
-def draw_step(ax, title: str, bars: list[Bar]) -> None:
+def draw_step(ax, title: str, bars: list[Bar], labels: bool = True) -> None:
     """One model: a row per bar, on a time axis in ms, each bar's length written at its end and
     the all-reduces' buckets above their segment."""
     longest = max(b.end for b in bars) * 1e3
@@ -87,40 +89,41 @@ def draw_step(ax, title: str, bars: list[Bar]) -> None:
                 linestyle="--" if ideal else "-",
             )
             if seg.kind == "all-reduce":
-                ax.text(seg.start * 1e3, y - 0.38, seg.note, ha="left", va="bottom", fontsize=9, color="#b22222")
-        ax.text(bar.end * 1e3 + 0.01 * longest, y, f"{bar.end * 1e3:.1f} ms", ha="left", va="center", fontsize=10)
-    ax.set_yticks(range(len(bars)), [b.label for b in bars], fontsize=10.5)
+                ax.text(seg.start * 1e3, y - 0.36, seg.note, ha="left", va="bottom", fontsize=10.5, color="#b22222")
+        ax.text(bar.end * 1e3 + 0.01 * longest, y, f"{bar.end * 1e3:.1f} ms", ha="left", va="center", fontsize=11.5)
+    ax.set_yticks(range(len(bars)), [b.label for b in bars] if labels else [], fontsize=12)
     ax.invert_yaxis()
     ax.set_xlim(0, longest * 1.22)
-    ax.set_xlabel("ms per step (medians)", fontsize=10)
-    ax.set_title(title, fontsize=11.5)
+    ax.set_xlabel("ms per step (medians)", fontsize=11)
+    ax.set_title(title, fontsize=12.5)
     ax.grid(axis="x", alpha=0.3)
 
 
 def step_figure(report: dict) -> Figure:
     """A panel per model (their times differ by orders of magnitude), and a key to the colours."""
     models = [m for m in report["models"] if max(int(k) for k in report["models"][m]["ddp"]) > 1]
-    fig = Figure(figsize=(13, 2.2 + 2.0 * len(models)), layout="constrained")
+    fig = Figure(figsize=(5 + 4.5 * len(models), 4.6), layout="constrained")
     fig.suptitle(
-        f"Where a rank's step goes: {report['backend']} on {report['device']}, against one process on the whole batch",
-        fontsize=13,
+        f"Where a rank's step goes ({report['backend']} on {report['device']}), against one process on the whole batch",
+        fontsize=14,
     )
-    axes = fig.subplots(len(models), 1, squeeze=False)[:, 0]
-    for ax, model in zip(axes, models):
+    # Side by side, the bars' names once on the left.
+    axes = fig.subplots(1, len(models), squeeze=False)[0]
+    for k, (ax, model) in enumerate(zip(axes, models)):
         m = report["models"][model]
         n, bars = step_rows(report, model)
         title = (
-            f"{model}: {m['parameters']:,} parameters ({_mib(m['gradient_bytes'])} MiB of gradients), "
-            f"global batch {m['global_batch']}, {n} processes"
+            f"{model}: {m['parameters']:,} parameters\n({_mib(m['gradient_bytes'])} MiB of gradients), "
+            f"global batch {m['global_batch']}"
         )
-        draw_step(ax, title, bars)
+        draw_step(ax, title, bars, labels=k == 0)
     handles = [
         Patch(facecolor=KINDS["compute"], label="computation (forward, backward, step)"),
         Patch(facecolor=KINDS["all-reduce"], label="the all-reduces alone, in DDP's buckets"),
         Patch(facecolor=KINDS["DDP step"], label="a DDP step, as measured"),
         Patch(facecolor="white", edgecolor="black", linestyle="--", label="the ideal: one process's time / N"),
     ]
-    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=10.5, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=12, frameon=False)
     return fig
 
 
@@ -251,4 +254,66 @@ def describe_saved(saved: list[dict[str, int]], names: list[str], batch: int) ->
         kinds = ", ".join(f"{s.kind} {s.nbytes / 2**20:.2f}" for s in segs)
         new = sum(s.nbytes for s in segs if s.new_memory)
         parts.append(f"{name}: {kinds}; new memory {new / 2**20:.2f}.")
+    return " ".join(parts)
+
+
+CLIP_COLOURS = {"norm clip saw": "#7f7f7f", "norm the optimizer uses": "#4c78a8"}
+
+
+def clip_rows(results: dict[str, tuple[float, float]]) -> list[tuple[str, list[tuple[str, float]]]]:
+    """Per order of the calls (06c's M17 cell), its two measured norms: the one
+    ``clip_grad_norm_`` saw, and the one of the gradient the optimizer then uses."""
+    rows = []
+    for order, (seen, final) in results.items():
+        if seen <= 0 or final <= 0:
+            raise ValueError(f"{order}: a norm of 0 has no place on a log scale")
+        rows.append((order, [("norm clip saw", seen), ("norm the optimizer uses", final)]))
+    return rows
+
+
+def draw_clip(ax, order: str, norms: list[tuple[str, float]], max_norm: float) -> None:
+    """One order of the calls: each norm as a point on a log scale, on a stem from max_norm (clipping
+    is meant to bring the gradient down to max_norm, no further)."""
+    for y, (name, value) in enumerate(norms):
+        # A stem from max_norm to the norm: how far from what clipping aims at, and which way.
+        ax.plot([max_norm, value], [y, y], color=CLIP_COLOURS[name], lw=4, solid_capstyle="butt")
+        ax.plot([value], [y], "o", color=CLIP_COLOURS[name], markersize=11, markeredgecolor="black")
+        right = value >= max_norm
+        ax.text(
+            value * (1.8 if right else 1 / 1.8),
+            y,
+            f"{value:.4g}",
+            ha="left" if right else "right",
+            va="center",
+            fontsize=12,
+        )
+    ax.axvline(max_norm, color="#d62828", linestyle="--", lw=2)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(norms)), [name for name, _ in norms], fontsize=12)
+    ax.set_ylim(len(norms) - 0.4, -0.6)
+    ax.set_title(order, fontsize=13, loc="left")
+    ax.tick_params(axis="x", labelsize=11)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def clip_figure(results: dict[str, tuple[float, float]], max_norm: float, scale: float) -> Figure:
+    """A panel per order on one log axis, with a key to max_norm."""
+    rows = clip_rows(results)
+    fig = Figure(figsize=(11, 1.2 + 1.7 * len(rows)), layout="constrained")
+    fig.suptitle(f"GradScaler (scale {scale:g}) and clip_grad_norm_: the order decides what is clipped", fontsize=14)
+    axes = fig.subplots(len(rows), 1, sharex=True, squeeze=False)[:, 0]
+    values = [v for _, norms in rows for _, v in norms] + [max_norm]
+    for ax, (order, norms) in zip(axes, rows):
+        draw_clip(ax, order, norms, max_norm)
+    axes[-1].set_xlim(min(values) / 100, max(values) * 100)
+    axes[-1].set_xlabel("gradient norm (log scale)", fontsize=12)
+    handles = [Line2D([], [], color="#d62828", linestyle="--", lw=2, label=f"max_norm = {max_norm:g}")]
+    fig.legend(handles=handles, loc="outside lower center", fontsize=12, frameon=False)
+    return fig
+
+
+def describe_clip(results: dict[str, tuple[float, float]], max_norm: float) -> str:
+    parts = [f"Gradient norms on a log scale, with max_norm {max_norm:g}."]
+    for order, norms in clip_rows(results):
+        parts.append(f"{order}: " + ", ".join(f"{name} {value:.4g}" for name, value in norms) + ".")
     return " ".join(parts)

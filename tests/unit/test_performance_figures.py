@@ -7,8 +7,12 @@ import pytest
 from matplotlib.figure import Figure
 
 from parallel_course.performance_figures import (
+    clip_figure,
+    clip_rows,
+    describe_clip,
     describe_saved,
     describe_steps,
+    draw_clip,
     draw_saved,
     draw_step,
     plain_steps,
@@ -123,3 +127,33 @@ def test_saved_drawing_and_text_count_only_new_memory_as_new():
     assert len(saved_figure(SAVED, NAMES, 256).axes) == 1
     text = describe_saved(SAVED, NAMES, 256)
     assert "float32: activations 1.00, copies of parameters 0.00, parameters and inputs 1.50; new memory 1.00." in text
+
+
+# As 06c's M17 cell measures them: (norm clip saw, norm the optimizer uses) per order.
+CLIPS = {"clip, then unscale (wrong)": (5.168e4, 7.629e-06), "unscale_, then clip (right)": (0.7886, 0.5)}
+
+
+def test_clip_rows_keep_each_orders_two_norms_and_refuse_a_zero():
+    rows = clip_rows(CLIPS)
+    assert rows == [
+        ("clip, then unscale (wrong)", [("norm clip saw", 5.168e4), ("norm the optimizer uses", 7.629e-06)]),
+        ("unscale_, then clip (right)", [("norm clip saw", 0.7886), ("norm the optimizer uses", 0.5)]),
+    ]
+    with pytest.raises(ValueError, match="log scale"):
+        clip_rows({"no gradient": (0.0, 0.0)})
+
+
+def test_clip_drawing_stems_each_norm_from_max_norm():
+    ax = Figure().subplots()
+    draw_clip(ax, *clip_rows(CLIPS)[0], max_norm=0.5)
+    # Per norm a stem and a point; the stems start at max_norm and end at the measured norm.
+    stems = [line for line in ax.lines if len(line.get_xdata()) == 2 and line.get_xdata()[0] != line.get_xdata()[1]]
+    assert sorted(tuple(line.get_xdata()) for line in stems) == [(0.5, 7.629e-06), (0.5, 5.168e4)]
+    # The small norm's label on the left of its point, the large one's on the right.
+    labels = {t.get_text(): t.get_horizontalalignment() for t in ax.texts}
+    assert labels == {"5.168e+04": "left", "7.629e-06": "right"}
+    fig = clip_figure(CLIPS, 0.5, 2.0**16)
+    assert len(fig.axes) == 2 and "65536" in fig._suptitle.get_text()
+    assert describe_clip(CLIPS, 0.5).endswith(
+        "unscale_, then clip (right): norm clip saw 0.7886, norm the optimizer uses 0.5."
+    )
