@@ -74,6 +74,7 @@ class Launch:
     rdzv_backend: str
     rdzv_endpoint: str
     rdzv_id: str
+    max_restarts: int | None = None
 
 
 def parse_torchrun_args(args: str) -> Launch:
@@ -89,8 +90,14 @@ def parse_torchrun_args(args: str) -> Launch:
     missing = [k for k in ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id") if k not in found]
     if missing:
         raise ValueError(f"no {', '.join('--' + k.replace('_', '-') for k in missing)} in the torchrun arguments")
+    restarts = int(found["max_restarts"]) if "max_restarts" in found else None
     return Launch(
-        found["nnodes"], int(found["nproc_per_node"]), found["rdzv_backend"], found["rdzv_endpoint"], found["rdzv_id"]
+        found["nnodes"],
+        int(found["nproc_per_node"]),
+        found["rdzv_backend"],
+        found["rdzv_endpoint"],
+        found["rdzv_id"],
+        restarts,
     )
 
 
@@ -182,59 +189,59 @@ def draw_rendezvous(ax, nodes: list[Node], launch: Launch) -> None:
     _box(
         ax,
         sx,
-        4.2,
+        3.4,
         store_w,
-        1.0,
+        0.9,
         f"{launch.rdzv_backend} rendezvous store\nat {launch.rdzv_endpoint}, id {launch.rdzv_id}",
         "#e9ecef",
-        fontsize=11,
+        fontsize=12,
     )
     for k, node in enumerate(nodes):
         x0 = k * (node_w + 1.0)
-        _box(ax, x0, 0, node_w, 2.9, "", "#f8f9fa", edge="0.4")
-        ax.text(x0 + node_w / 2, 2.65, f"node: GROUP_RANK {node.group_rank}", ha="center", va="center", fontsize=12)
+        _box(ax, x0, 0, node_w, 2.55, "", "#f8f9fa", edge="0.4")
+        ax.text(x0 + node_w / 2, 2.3, f"node: GROUP_RANK {node.group_rank}", ha="center", va="center", fontsize=13)
         ax.text(
             x0 + node_w / 2,
-            2.3,
+            1.98,
             f"torchrun --nnodes={launch.nnodes} --nproc_per_node={launch.nproc_per_node}",
             ha="center",
             va="center",
-            fontsize=9,
+            fontsize=10,
             family="monospace",
         )
         for j, p in enumerate(node.processes):
             px = x0 + gap + j * (pw + gap)
             text = f"RANK {p.rank}\nLOCAL_RANK {p.local_rank}\n= {rank_formula(p, launch.nproc_per_node)}"
-            _box(ax, px, 0.2, pw, 1.7, text, RANK_COLOURS[p.rank % len(RANK_COLOURS)], fontsize=10)
+            _box(ax, px, 0.12, pw, 1.6, text, RANK_COLOURS[p.rank % len(RANK_COLOURS)], fontsize=11.5)
         # Join, then be told the node's number.
         cx = x0 + node_w / 2
         sx_mid = sx + store_w * (0.3 + 0.4 * k / max(n - 1, 1))
         ax.annotate(
-            "", xy=(sx_mid - 0.15, 4.2), xytext=(cx - 0.15, 2.9), arrowprops={"arrowstyle": "-|>", "color": "0.3"}
+            "", xy=(sx_mid - 0.15, 3.4), xytext=(cx - 0.15, 2.55), arrowprops={"arrowstyle": "-|>", "color": "0.3"}
         )
         ax.annotate(
-            "", xy=(cx + 0.15, 2.9), xytext=(sx_mid + 0.15, 4.2), arrowprops={"arrowstyle": "-|>", "color": "#d62828"}
+            "", xy=(cx + 0.15, 2.55), xytext=(sx_mid + 0.15, 3.4), arrowprops={"arrowstyle": "-|>", "color": "#d62828"}
         )
         ax.text(
-            (cx + sx_mid) / 2 + (0.35 if k else -0.35),
-            3.55,
+            (cx + sx_mid) / 2 + (0.55 if k else -0.55),
+            2.97,
             f"joins; gets\nGROUP_RANK {node.group_rank}",
             ha="left" if k else "right",
             va="center",
-            fontsize=9.5,
+            fontsize=11,
             color="#d62828",
         )
     world = nodes[0].processes[0].world_size
     ax.text(
         total / 2,
-        -0.35,
+        -0.15,
         f"WORLD_SIZE = {n} nodes × {launch.nproc_per_node} processes = {world};  "
         f"RANK = GROUP_RANK × {launch.nproc_per_node} + LOCAL_RANK",
         ha="center",
         va="top",
-        fontsize=11,
+        fontsize=12.5,
     )
-    ax.set(xlim=(-0.3, total + 0.3), ylim=(-0.9, 5.4), aspect="equal")
+    ax.set(xlim=(-0.3, total + 0.3), ylim=(-0.65, 4.35), aspect="equal")
     ax.axis("off")
 
 
@@ -290,7 +297,7 @@ def draw_gpu_choices(ax, choices: list[GpuChoice]) -> None:
 
 def rendezvous_figure(table: list[Process], launch: Launch) -> Figure:
     nodes = nodes_of(table)
-    fig = Figure(figsize=(11, 5.2), layout="constrained")
+    fig = Figure(figsize=(10, 4.6), layout="constrained")
     fig.suptitle(
         f"{len(nodes)} nodes meet at the rendezvous, then start their processes (as the launch printed)", fontsize=13
     )
@@ -341,3 +348,117 @@ def describe_gpus(table: list[Process]) -> str:
             f"by RANK cuda:{c.by_rank}, {verdict}."
         )
     return " ".join(parts)
+
+
+# "WORLD_SIZE=1, TORCHELASTIC_RESTART_COUNT=0: waiting for more nodes"
+WAITING = re.compile(r"^WORLD_SIZE=(\d+), TORCHELASTIC_RESTART_COUNT=(\d+): waiting for more nodes$", re.M)
+RESTARTS = re.compile(r"^TORCHELASTIC_RESTART_COUNT on every process: \[([\d, ]*)\]$", re.M)
+
+
+@dataclass
+class ElasticJoin:
+    """The elastic run as its two nodes' logs tell it: node A's first round (its world size and
+    restart count while it waited), and the round after B joined: the node whose log holds rank
+    0's table is GROUP_RANK 0, the table's rows, and the restart counts of every process."""
+
+    first_world_size: int
+    first_restarts: int
+    table: list[Process]
+    table_node: str
+    restarts: list[int]
+
+    def node_of(self, p: Process) -> str:
+        """Which launcher ("A" or "B") a process of the second round ran under."""
+        other = "B" if self.table_node == "A" else "A"
+        return self.table_node if p.group_rank == 0 else other
+
+
+def parse_elastic(log_a: str, log_b: str) -> ElasticJoin:
+    """Both logs of the elastic run: A's waiting line, then rank 0's table in whichever log it is."""
+    waiting = WAITING.search(log_a)
+    if waiting is None:
+        raise ValueError("node A's log has no 'waiting for more nodes' line: it did not start alone")
+    with_table = [(name, log) for name, log in (("A", log_a), ("B", log_b)) if "GROUP_RANK (node)" in log]
+    if len(with_table) != 1:
+        raise ValueError(f"rank 0's table should be in one log, found in {len(with_table)}")
+    name, log = with_table[0]
+    restarts = RESTARTS.search(log)
+    if restarts is None:
+        raise ValueError("no 'TORCHELASTIC_RESTART_COUNT on every process' line")
+    counts = [int(v) for v in restarts.group(1).split(",") if v.strip()]
+    return ElasticJoin(int(waiting.group(1)), int(waiting.group(2)), parse_rank_table(log), name, counts)
+
+
+def draw_elastic(ax, join: ElasticJoin, launch: Launch) -> None:
+    """A lane per node, three columns: A alone in round 1, B's arrival (A's worker stopped, not
+    counted), and round 2 with each worker's RANK, GROUP_RANK and WORLD_SIZE."""
+    lanes = {"A": 1.3, "B": 0.0}
+    for node, y in lanes.items():
+        ax.text(-0.2, y + 0.45, f"node {node}", ha="right", va="center", fontsize=13)
+    _box(
+        ax,
+        0.0,
+        lanes["A"],
+        3.2,
+        0.9,
+        f"WORLD_SIZE {join.first_world_size}, restart count {join.first_restarts}\nwaiting for more nodes",
+        RANK_COLOURS[0],
+        fontsize=11,
+    )
+    _box(ax, 0.0, lanes["B"], 3.2, 0.9, "not started yet", "white", fontsize=11, edge="0.5", style="--")
+    ax.text(1.6, 2.5, "round 1", ha="center", va="bottom", fontsize=13)
+    # B arrives: A's agent sees a node waiting and stops its healthy worker.
+    ax.text(4.35, 2.5, "B joins", ha="center", va="bottom", fontsize=13, color="#d62828")
+    ax.plot([4.35, 4.35], [-0.1, 2.4], color="#d62828", linestyle="--", lw=1.5)
+    ax.text(
+        4.35,
+        1.1,
+        "A's agent stops\nits healthy worker:\nnot a failure",
+        ha="center",
+        va="center",
+        fontsize=10.5,
+        color="#d62828",
+        bbox={"facecolor": "white", "edgecolor": "none"},
+    )
+    ax.text(7.1, 2.5, "round 2", ha="center", va="bottom", fontsize=13)
+    for p in join.table:
+        y = lanes[join.node_of(p)]
+        text = f"RANK {p.rank}, GROUP_RANK {p.group_rank}\nWORLD_SIZE {p.world_size}"
+        _box(ax, 5.5, y, 3.2, 0.9, text, RANK_COLOURS[(p.rank + 1) % len(RANK_COLOURS)], fontsize=11)
+    counts = ", ".join(str(c) for c in join.restarts)
+    verdict = "none used up" if max(join.restarts, default=0) == 0 else "used up"
+    ax.text(
+        4.35,
+        -0.35,
+        f"restart count on every process after the join: [{counts}]; --max-restarts={launch.max_restarts}: {verdict}",
+        ha="center",
+        va="top",
+        fontsize=12,
+    )
+    ax.set(xlim=(-1.4, 8.9), ylim=(-0.8, 2.9), aspect="equal")
+    ax.axis("off")
+
+
+def elastic_figure(join: ElasticJoin, launch: Launch) -> Figure:
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    fig.suptitle(f"An elastic job grows: node B joins node A's running job (--nnodes={launch.nnodes})", fontsize=14)
+    draw_elastic(fig.subplots(), join, launch)
+    return fig
+
+
+def describe_elastic(join: ElasticJoin, launch: Launch, nodes: bool = True) -> str:
+    """The text alternative. ``nodes=False`` leaves out which node each worker of the second round
+    ran on: the rendezvous orders the nodes by host and launcher pid, so on one host that is
+    usually, not always, A first (the plain text strict nbval compares)."""
+    if nodes:
+        second = "; ".join(
+            f"node {join.node_of(p)}: RANK {p.rank}, GROUP_RANK {p.group_rank}, WORLD_SIZE {p.world_size}"
+            for p in join.table
+        )
+    else:
+        second = "; ".join(f"RANK {p.rank}, GROUP_RANK {p.group_rank}, WORLD_SIZE {p.world_size}" for p in join.table)
+    return (
+        f"Round 1: node A alone, WORLD_SIZE {join.first_world_size}, restart count {join.first_restarts}, waiting. "
+        f"Node B joins; A's agent stops its healthy worker. Round 2: {second}. Restart count on every process: "
+        f"{join.restarts}, with --max-restarts={launch.max_restarts}."
+    )

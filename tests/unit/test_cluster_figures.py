@@ -6,13 +6,17 @@ from matplotlib.figure import Figure
 from matplotlib.text import Annotation
 
 from parallel_course.cluster_figures import (
+    describe_elastic,
     describe_gpus,
     describe_rendezvous,
+    draw_elastic,
     draw_gpu_choices,
     draw_rendezvous,
+    elastic_figure,
     gpu_choices,
     gpu_figure,
     nodes_of,
+    parse_elastic,
     parse_rank_table,
     parse_torchrun_args,
     rank_formula,
@@ -136,3 +140,48 @@ def test_describe_leaves_the_port_out_and_says_who_takes_which_gpu():
     assert "RANK 3 on node 1: by LOCAL_RANK cuda:1, by RANK cuda:3, a GPU the node does not have." in describe_gpus(
         table
     )
+
+
+ELASTIC_ARGS = (
+    "--nnodes=1:2 --nproc_per_node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29517 "
+    "--rdzv-id=c10-elastic --rdzv-conf=last_call_timeout=1 --max-restarts=0"
+)
+WAITING_LINE = "WORLD_SIZE=1, TORCHELASTIC_RESTART_COUNT=0: waiting for more nodes\n"
+ELASTIC_TABLE = "\n".join(
+    "  ".join(f"{str(v):>22}" for v in row)
+    for row in [HEADER, [0, 0, 0, 2, "cuda:0", "cuda:0"], [1, 1, 0, 2, "cuda:0", "cuda:1 (no such GPU)"]]
+)
+ELASTIC_END = "\n(one process per GPU: on every node cuda:0, ...)\nTORCHELASTIC_RESTART_COUNT on every process: [0]\n"
+
+
+def test_elastic_logs_say_who_waited_who_is_rank_0_and_the_restart_counts():
+    launch = parse_torchrun_args(ELASTIC_ARGS)
+    assert launch.max_restarts == 0 and launch.nnodes == "1:2"
+    join = parse_elastic(WAITING_LINE + ELASTIC_TABLE + ELASTIC_END, "")
+    assert (join.first_world_size, join.first_restarts, join.table_node, join.restarts) == (1, 0, "A", [0])
+    assert [join.node_of(p) for p in join.table] == ["A", "B"]
+    # Rank 0's table in B's log: B is GROUP_RANK 0 in the second round.
+    swapped = parse_elastic(WAITING_LINE, ELASTIC_TABLE + ELASTIC_END)
+    assert [swapped.node_of(p) for p in swapped.table] == ["B", "A"]
+    with pytest.raises(ValueError, match="did not start alone"):
+        parse_elastic(ELASTIC_TABLE + ELASTIC_END, "")
+    with pytest.raises(ValueError, match="one log"):
+        parse_elastic(WAITING_LINE + ELASTIC_TABLE + ELASTIC_END, ELASTIC_TABLE + ELASTIC_END)
+
+
+def test_elastic_drawing_puts_each_second_round_worker_in_its_nodes_lane():
+    launch = parse_torchrun_args(ELASTIC_ARGS)
+    join = parse_elastic(WAITING_LINE, ELASTIC_TABLE + ELASTIC_END)
+    ax = Figure().subplots()
+    draw_elastic(ax, join, launch)
+    lane = {t.get_text(): t.get_position()[1] for t in ax.texts}
+    # B holds rank 0's table: its lane (the lower one, y 0) has RANK 0, A's RANK 1.
+    assert lane["RANK 0, GROUP_RANK 0\nWORLD_SIZE 2"] < lane["RANK 1, GROUP_RANK 1\nWORLD_SIZE 2"]
+    assert lane["node B"] < lane["node A"]
+    assert "restart count on every process after the join: [0]; --max-restarts=0: none used up" in lane
+    assert len(elastic_figure(join, launch).axes) == 1
+    assert "Round 2: node B: RANK 0, GROUP_RANK 0, WORLD_SIZE 2; node A: RANK 1" in describe_elastic(join, launch)
+    # Without the nodes, the same text whichever node the rendezvous made GROUP_RANK 0.
+    other = parse_elastic(WAITING_LINE + ELASTIC_TABLE + ELASTIC_END, "")
+    assert describe_elastic(join, launch, nodes=False) == describe_elastic(other, launch, nodes=False)
+    assert "node A:" not in describe_elastic(join, launch, nodes=False)
