@@ -4,8 +4,8 @@ JSON), and what autograd keeps for ``backward()`` in float32 and under autocast 
 ``resource_use.saved_for_backward``'s byte counts), and the gradient norms clipping saw and left
 in either order of ``GradScaler.unscale_`` and ``clip_grad_norm_`` (06c, M17).
 
-``step_rows`` and ``saved_rows`` compute what is drawn where; the ``draw_`` functions only place
-it on Axes; ``describe_`` functions write the text alternatives."""
+``step_rows``, ``saved_rows`` and ``clip_rows`` compute what is drawn where; the ``draw_``
+functions place it on Axes; ``describe_`` functions write the text alternatives."""
 
 from __future__ import annotations
 
