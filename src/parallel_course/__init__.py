@@ -50,6 +50,12 @@ Small modules, each doing what its name says:
 - ``collective_figures`` chapter 03's figures: each collective before and after; the ring step by step
 - ``sharding_figures`` chapter 08's figures: what each rank keeps under DDP and ZeRO-1/2/3; FSDP2's step
 - ``launcher_figures`` chapter 12's figures: what each process of each launch did; their losses
+- ``performance_figures`` chapters 06b and 06c's figures: where a rank's DDP step goes; what autograd
+                     keeps for backward(); M17's norms
+- ``tensor_parallel_figures`` chapter 07b's figure: a linear layer split by rows and by columns, what
+                     each rank computes, the collectives counted
+- ``cluster_figures`` chapter 10's figures: two nodes' ranks and the rendezvous; the GPU by LOCAL_RANK
+                     and by RANK; an elastic join
 - ``input_pipeline_figures`` chapter 11b's figures: the samples each rank and loader worker read,
                      with their noise; each step's wait and compute on a timeline
 - ``long_sequence_figures`` chapter 13a's figures: ring attention run on simulated ranks, each
