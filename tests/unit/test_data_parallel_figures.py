@@ -1,0 +1,123 @@
+"""parallel_course.data_parallel_figures: what chapters 01 and 02's figures put where, from the cost
+model's bytes and from one re-enacted DataParallel step."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from matplotlib.patches import Circle, FancyBboxPatch
+
+from parallel_course import costmodel
+from parallel_course import data_parallel as dp
+from parallel_course.data_parallel_figures import (
+    data_parallel_step_figure,
+    data_parallel_step_picture,
+    describe_data_parallel_step,
+    describe_traffic,
+    link_loads,
+    traffic_figure,
+)
+
+S = 100e6
+
+
+def test_a_parameter_servers_link_carries_n_times_a_workers_and_a_rings_links_are_all_alike():
+    for n in (2, 4, 8):
+        server, *workers = link_loads("ps", n, S)
+        assert server.name == "server" and len(workers) == n
+        assert [w.name for w in workers] == [f"worker {r}" for r in range(n)]
+        assert {(w.sends, w.receives) for w in workers} == {(S, S)}
+        assert (server.sends, server.receives) == (n * S, n * S)
+        ring = link_loads("ring", n, S)
+        assert [r.name for r in ring] == [f"rank {r}" for r in range(n)]
+        # 2(N-1)/N * S each way, on every rank's link: below 2S whatever N.
+        assert {(r.sends, r.receives) for r in ring} == {(2 * (n - 1) / n * S, 2 * (n - 1) / n * S)}
+        assert ring[0].sends == costmodel.traffic("ring", n, S).worker_sends
+
+
+def test_traffic_figure_draws_one_machine_per_link_on_one_scale_of_width_and_the_busiest_links():
+    fig = traffic_figure(S, 4, [2, 4, 8, 16])
+    assert isinstance(fig, Figure)
+    ps, ring, curves = fig.get_axes()
+    assert [ps.get_title(), ring.get_title()] == ["parameter server, 4 workers", "ring all-reduce, 4 ranks"]
+    assert [sum(isinstance(p, Circle) for p in ax.patches) for ax in (ps, ring)] == [5, 4]
+    # The widest link is the server's (800 MB out + in), drawn 16 points wide; the rest to scale.
+    assert sorted({round(line.get_linewidth(), 3) for line in ps.lines}) == [round(16 * 200 / 800, 3), 16.0]
+    assert {round(line.get_linewidth(), 3) for line in ring.lines} == {round(16 * 300 / 800, 3)}
+    # The busiest link against N: the server's grows as 2NS, a ring rank's as 4(N-1)/N S.
+    drawn = {line.get_label(): list(line.get_ydata()) for line in curves.lines}
+    assert drawn["parameter server's link"] == [400, 800, 1600, 3200]
+    assert drawn["a worker's link"] == [200] * 4
+    assert drawn["a ring rank's link"] == [200, 300, 350, 375]
+    text = describe_traffic(S, 4, [2, 4, 8, 16])
+    assert "the parameter server's link sends 400 MB and receives 400 MB, each worker's 100 MB each way" in text
+    assert "every rank's link carries 150 MB each way" in text
+    assert "a ring rank's link: 200 MB at N = 2, 300 MB at N = 4, 350 MB at N = 8, 375 MB at N = 16" in text
+
+
+@pytest.fixture
+def step():
+    """One step of chapter 02's re-enactment on 3 CPU devices, with the hook that records threads."""
+    torch.manual_seed(0)
+    devices = dp.cpu_devices(3)
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5))
+    inputs, targets = torch.randn(10, 10), torch.randn(10, 5)
+    chunks = dp.scatter(inputs, devices)
+    replicas = dp.replicate(model, devices)
+    ran_on = []
+    for r in replicas:
+        r.register_forward_hook(lambda m, a, o: ran_on.append(threading.current_thread().name))
+    replica_outputs = dp.parallel_apply(replicas, chunks, devices)
+    outputs = dp.gather(replica_outputs, devices[0])
+    F.mse_loss(outputs, targets).backward()
+    dp.reduce_gradients(model, replicas)
+    return dict(
+        devices=devices,
+        inputs=inputs,
+        chunks=chunks,
+        model=model,
+        replicas=replicas,
+        ran_on=ran_on,
+        replica_outputs=replica_outputs,
+        outputs=outputs,
+    )
+
+
+def test_the_step_picture_holds_each_devices_chunk_replica_thread_and_gradient(step):
+    picture = data_parallel_step_picture(**step)
+    assert picture.chunk_shapes == [(4, 10), (4, 10), (2, 10)]
+    assert picture.output_shapes == [(4, 5), (4, 5), (2, 5)]
+    assert picture.threads == ["replica on cpu:0", "replica on cpu:1", "replica on cpu:2"]
+    assert picture.replica_parameters == [325] * 3 and picture.separate_copies == [True] * 3
+    assert (picture.batch_shape, picture.gathered_shape, picture.gathered_device) == ((10, 10), (10, 5), "cpu:0")
+    assert picture.parameter == "0.weight"
+    assert picture.replica_grad_norms == [r[0].weight.grad.norm().item() for r in step["replicas"]]
+    assert picture.summed_grad_norm == step["model"][0].weight.grad.norm().item()
+
+
+def test_the_step_picture_refuses_a_record_that_does_not_hold_together(step):
+    with pytest.raises(ValueError, match="ran 0 times"):
+        data_parallel_step_picture(**dict(step, ran_on=step["ran_on"][:2]))
+    with pytest.raises(ValueError, match="3 devices, 2 chunks"):
+        data_parallel_step_picture(**dict(step, chunks=step["chunks"][:2]))
+    # A gradient that is not the replicas' sum (reduce_gradients run twice: twice the sum).
+    dp.reduce_gradients(step["model"], step["replicas"])
+    with pytest.raises(ValueError, match="not the sum"):
+        data_parallel_step_picture(**step)
+
+
+def test_the_step_figure_draws_a_box_per_device_per_phase_and_says_what_it_shows(step):
+    picture = data_parallel_step_picture(**step)
+    fig = data_parallel_step_figure(picture)
+    (ax,) = fig.get_axes()
+    # Per device: chunk, replica, thread, replica grad; once: batch, model, gathered outputs, summed grad.
+    assert sum(isinstance(p, FancyBboxPatch) for p in ax.patches) == 4 * 3 + 4
+    texts = [t.get_text() for t in ax.texts]
+    assert "chunk (2, 10)" in texts
+    assert "thread\n'replica on cpu:2'\nout (2, 5)" in texts
+    alt = describe_data_parallel_step(picture)
+    assert "cpu:2: chunk (2, 10), a replica of 325 parameters (its own copy) run by thread 'replica on cpu:2'" in alt
+    assert "gathered into (10, 5) on cpu:0" in alt
