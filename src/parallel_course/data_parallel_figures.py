@@ -56,9 +56,11 @@ def draw_links(ax, algorithm: str, links: list[Link], widest: float) -> None:
     (``widest``: the bytes drawn 16 points wide) and labelled, outside, with what it sends and
     receives; a ring's direction as arrows from each rank to the next."""
     ax.add_patch(
-        FancyBboxPatch((-0.3, -0.15), 0.6, 0.3, boxstyle="round,pad=0.02", facecolor="0.85", edgecolor="0.3", zorder=2)
+        FancyBboxPatch(
+            (-0.42, -0.17), 0.84, 0.34, boxstyle="round,pad=0.02", facecolor="0.85", edgecolor="0.3", zorder=2
+        )
     )
-    ax.text(0, 0, "switch", ha="center", va="center", fontsize=10, zorder=3)
+    ax.text(0, 0, "switch", ha="center", va="center", fontsize=12.5, zorder=3)
     n = len(links)
     angles = [math.pi / 2 - 2 * math.pi * i / n for i in range(n)]
     for angle, link in zip(angles, links):
@@ -66,15 +68,16 @@ def draw_links(ax, algorithm: str, links: list[Link], widest: float) -> None:
         width = 16 * (link.sends + link.receives) / widest
         ax.plot([0, x], [0, y], color="#fb8500", linewidth=width, zorder=1, solid_capstyle="butt")
         colour = SERVER_COLOUR if link.name == "server" else WORKER_COLOUR
-        ax.add_patch(Circle((x, y), 0.34, facecolor=colour, edgecolor="black", zorder=2))
-        ax.text(x, y, link.name.replace(" ", "\n"), ha="center", va="center", fontsize=8.5, zorder=3)
-        lx, ly = 2.2 * math.cos(angle), 2.2 * math.sin(angle)
+        ax.add_patch(Circle((x, y), 0.42, facecolor=colour, edgecolor="black", zorder=2))
+        ax.text(x, y, link.name.replace(" ", "\n"), ha="center", va="center", fontsize=11, zorder=3)
+        # The label beside a machine on the left or right, above or below one at the top or bottom.
+        side = math.cos(angle) > 0.5 or math.cos(angle) < -0.5
         ax.text(
-            lx,
-            ly,
+            x + math.copysign(0.52, math.cos(angle)) if side else x,
+            y if side else y + math.copysign(0.62, math.sin(angle)),
             f"out {_megabytes(link.sends)}\nin {_megabytes(link.receives)}",
-            fontsize=9,
-            ha="center",
+            fontsize=13,
+            ha=("left" if math.cos(angle) > 0 else "right") if side else "center",
             va="center",
             weight="bold" if link.name == "server" else "normal",
         )
@@ -88,13 +91,13 @@ def draw_links(ax, algorithm: str, links: list[Link], widest: float) -> None:
                     connectionstyle="arc3,rad=-0.25",
                     arrowstyle="-|>",
                     mutation_scale=12,
-                    shrinkA=19,
-                    shrinkB=19,
+                    shrinkA=24,
+                    shrinkB=24,
                     color="0.35",
                     zorder=1,
                 )
             )
-    ax.set(xlim=(-2.7, 2.7), ylim=(-2.6, 2.6), aspect="equal")
+    ax.set(xlim=(-3.4, 3.4), ylim=(-2.5, 2.5), aspect="equal")
     ax.axis("off")
 
 
@@ -114,13 +117,13 @@ def traffic_figure(model_bytes: float, world_size: int, world_sizes: list[int], 
     """A parameter server and a ring of ``world_size`` machines, their links on one scale of
     width; then the busiest link's bytes against N over ``world_sizes``: the server's grows with
     N, a ring rank's stays under 4S (2S out, 2S in)."""
-    fig = Figure(figsize=(16, 5.6), layout="constrained")
+    fig = Figure(figsize=(16, 6), layout="constrained")
     axes = fig.subplots(1, 3, width_ratios=[1, 1, 0.9])
     loads = {a: link_loads(a, world_size, model_bytes) for a in ("ps", "ring")}
     widest = max(link.sends + link.receives for links in loads.values() for link in links)
     for ax, algorithm in zip(axes, ("ps", "ring")):
         draw_links(ax, algorithm, loads[algorithm], widest)
-        ax.set_title(_title(algorithm, loads[algorithm]), fontsize=13)
+        ax.set_title(_title(algorithm, loads[algorithm]), fontsize=16)
     ax = axes[2]
     styles = {
         "parameter server's link": ("o-", SERVER_COLOUR),
@@ -131,16 +134,17 @@ def traffic_figure(model_bytes: float, world_size: int, world_sizes: list[int], 
         marker, colour = styles[label]
         ax.plot(world_sizes, [v / MB for v in values], marker, color=colour, label=label, linewidth=2)
     ax.set_xticks(world_sizes, [str(n) for n in world_sizes])
-    ax.set_xlabel("machines N", fontsize=11)
-    ax.set_ylabel("MB per step on the link (out + in)", fontsize=11)
-    ax.set_title("The busiest link against N", fontsize=13)
+    ax.set_xlabel("machines N", fontsize=14)
+    ax.set_ylabel("MB per step on the link (out + in)", fontsize=14)
+    ax.set_title("The busiest link against N", fontsize=16)
+    ax.tick_params(labelsize=12)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=10)
+    ax.legend(fontsize=12.5)
     fig.suptitle(
         title
         or f"Averaging a gradient of S = {_megabytes(model_bytes)}: the bytes on each machine's link per step "
         "(line width: out + in)",
-        fontsize=13,
+        fontsize=16,
     )
     return fig
 
@@ -251,8 +255,8 @@ STEP_COLUMNS = [
 def _box(ax, x, y, text, colour, dashed=False, height=0.68):
     ax.add_patch(
         FancyBboxPatch(
-            (x - 0.42, y - height / 2),
-            0.84,
+            (x - 0.43, y - height / 2),
+            0.86,
             height,
             boxstyle="round,pad=0,rounding_size=0.06",
             facecolor=colour,
@@ -261,7 +265,7 @@ def _box(ax, x, y, text, colour, dashed=False, height=0.68):
             linestyle="--" if dashed else "-",
         )
     )
-    ax.text(x, y, text, ha="center", va="center", fontsize=9.5)
+    ax.text(x, y, text, ha="center", va="center", fontsize=11.5)
 
 
 def _arrow(ax, start, end, backward=False, copy=False):
@@ -287,25 +291,25 @@ def draw_data_parallel_step(ax, step: DataParallelStep) -> None:
     n = len(step.devices)
     ys = [n - 1 - i for i in range(n)]
     for x, heading in STEP_COLUMNS:
-        ax.text(x, n - 0.35, heading, ha="center", va="bottom", fontsize=10.5, weight="bold")
+        ax.text(x, n - 0.35, heading, ha="center", va="bottom", fontsize=13, weight="bold")
     top = ys[0]
     half = 0.3
     _box(ax, 0, top + 0.19, f"inputs {_shape(step.batch_shape)}", "0.9", height=half)
     _box(ax, 0, top - 0.19, f"model, {step.replica_parameters[0]:,} params", "0.9", height=half)
     for i, (device, y) in enumerate(zip(step.devices, ys)):
         colour = RANK_COLOURS[i % len(RANK_COLOURS)]
-        ax.text(-0.55, y, device, ha="right", va="center", fontsize=10.5, family="monospace")
+        ax.text(-0.55, y, device, ha="right", va="center", fontsize=13, family="monospace")
         _box(ax, 1, y + 0.19, f"chunk {_shape(step.chunk_shapes[i])}", colour, height=half)
         shared = "" if step.separate_copies[i] else " (SHARED memory)"
         _box(ax, 1, y - 0.19, f"replica, {step.replica_parameters[i]:,} params{shared}", colour, height=half)
         _box(ax, 2, y, f"thread\n'{step.threads[i]}'\nout {_shape(step.output_shapes[i])}", colour)
         _box(ax, 4, y, f"|grad {step.parameter}|\n{step.replica_grad_norms[i]:.4f}", colour, dashed=True)
-        _arrow(ax, (0.42, top + 0.19), (0.58, y + 0.19))
-        _arrow(ax, (0.42, top - 0.19), (0.58, y - 0.19), copy=True)
-        _arrow(ax, (1.42, y), (1.58, y))
-        _arrow(ax, (2.42, y), (2.58, top))
-        _arrow(ax, (3.42, top), (3.58, y), backward=True)
-        _arrow(ax, (4.42, y), (4.58, top), backward=True)
+        _arrow(ax, (0.43, top + 0.19), (0.57, y + 0.19))
+        _arrow(ax, (0.43, top - 0.19), (0.57, y - 0.19), copy=True)
+        _arrow(ax, (1.43, y), (1.57, y))
+        _arrow(ax, (2.43, y), (2.57, top))
+        _arrow(ax, (3.43, top), (3.57, y), backward=True)
+        _arrow(ax, (4.43, y), (4.57, top), backward=True)
     _box(ax, 3, top, f"outputs\n{_shape(step.gathered_shape)}\nloss on {step.gathered_device}", "0.9")
     _box(ax, 5, top, f"sum: |grad {step.parameter}|\n{step.summed_grad_norm:.4f}\non {step.devices[0]}", "#a7d7c5")
     ax.legend(
@@ -317,7 +321,7 @@ def draw_data_parallel_step(ax, step: DataParallelStep) -> None:
         loc="upper center",
         bbox_to_anchor=(0.5, 0.0),
         ncol=3,
-        fontsize=10,
+        fontsize=12.5,
         frameon=False,
     )
     ax.set(xlim=(-1.2, 5.5), ylim=(-0.55, n + 0.35))
@@ -325,11 +329,11 @@ def draw_data_parallel_step(ax, step: DataParallelStep) -> None:
 
 
 def data_parallel_step_figure(step: DataParallelStep, title: str | None = None) -> Figure:
-    fig = Figure(figsize=(13, 1.5 * len(step.devices) + 1.7), layout="constrained")
+    fig = Figure(figsize=(14.5, 1.5 * len(step.devices) + 1.9), layout="constrained")
     ax = fig.subplots()
     draw_data_parallel_step(ax, step)
     ax.set_title(
-        title or "One DataParallel step, as it ran here: every box is a tensor or module the step made", fontsize=13
+        title or "One DataParallel step, as it ran here: every box is a tensor or module the step made", fontsize=16
     )
     return fig
 
@@ -356,3 +360,146 @@ def describe_data_parallel_step(step: DataParallelStep) -> str:
         f"computed; backward() sends each replica the gradient of its slice, and the replicas' "
         f"gradients of {step.parameter} are summed into the model on {step.devices[0]}."
     )
+
+
+# --- 01: data vs model parallelism ----------------------------------------------------------------
+
+
+@dataclass
+class Split:
+    """One way of splitting a step over workers: the network's layers, which of them each worker
+    holds, its parameters and samples, and what crosses between workers per step (bytes)."""
+
+    name: str
+    layers: list[str]
+    holds: list[list[bool]]
+    parameters: list[int]
+    samples: list[int]
+    message: str
+    message_bytes: int
+
+
+def _layer_name(module) -> str:
+    if hasattr(module, "in_features"):
+        return f"{type(module).__name__} {module.in_features}→{module.out_features}"
+    return type(module).__name__
+
+
+def _count(modules) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())
+
+
+def parallelism_splits(net, stages, x, h) -> tuple[Split, Split]:
+    """Data and model parallelism of ``net`` (an ``nn.Sequential``) over ``len(stages)`` workers,
+    from chapter 01's computation: data parallelism gives every worker the whole net and a chunk
+    of the batch ``x``, and averages a gradient as large as the model; model parallelism gives
+    worker k the layers of ``stages[k]`` and the whole batch, and sends the activations ``h``
+    (forward, and as many bytes of their gradients backward). Refuses stages that do not cut the
+    net into consecutive parts, each layer held once."""
+    layers = list(net)
+    held = [[any(layer is m for m in stage) for layer in layers] for stage in stages]
+    order = [k for k in range(len(stages)) for _ in range(sum(held[k]))]
+    if [sum(column) for column in zip(*held)] != [1] * len(layers) or order != sorted(order):
+        raise ValueError("the stages must cut the net into consecutive parts, each layer in one stage")
+    names = [_layer_name(m) for m in layers]
+    n = len(stages)
+    dtype_bytes = next(net.parameters()).element_size()
+    data = Split(
+        name=f"data parallelism, {n} workers",
+        layers=names,
+        holds=[[True] * len(layers) for _ in range(n)],
+        parameters=[_count(layers)] * n,
+        samples=[len(chunk) for chunk in x.chunk(n)],
+        message="gradients,\naveraged (all-reduce)",
+        message_bytes=_count(layers) * dtype_bytes,
+    )
+    model = Split(
+        name=f"model parallelism, {n} workers",
+        layers=names,
+        holds=held,
+        parameters=[_count(stage) for stage in stages],
+        samples=[len(x)] * n,
+        message="activations forward,\ntheir gradients backward",
+        message_bytes=h.numel() * h.element_size(),
+    )
+    return data, model
+
+
+def draw_split(ax, split: Split) -> None:
+    """A column per worker, its layers stacked (filled: held, faint: not held), its parameters and
+    samples under it, and what crosses between workers on an arrow."""
+    n, depth = len(split.holds), len(split.layers)
+    xs = [3.6 * k for k in range(n)]
+    for k, x in enumerate(xs):
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - 1.1, -1.45), 2.2, depth + 1.6, boxstyle="round,pad=0.05", facecolor="0.96", edgecolor="0.4"
+            )
+        )
+        ax.text(x, depth + 0.35, f"worker {k}", ha="center", va="center", fontsize=14, weight="bold")
+        for i, (name, held) in enumerate(zip(split.layers, split.holds[k])):
+            y = depth - 1 - i
+            ax.add_patch(
+                FancyBboxPatch(
+                    (x - 0.95, y + 0.1),
+                    1.9,
+                    0.8,
+                    boxstyle="round,pad=0,rounding_size=0.08",
+                    facecolor=RANK_COLOURS[k % len(RANK_COLOURS)] if held else "white",
+                    edgecolor="black" if held else "0.75",
+                    linestyle="-" if held else ":",
+                )
+            )
+            ax.text(x, y + 0.5, name, ha="center", va="center", fontsize=12, color="black" if held else "0.6")
+        ax.text(
+            x,
+            -0.75,
+            f"{split.parameters[k]:,} parameters\n{split.samples[k]} samples of the batch",
+            ha="center",
+            va="center",
+            fontsize=12,
+        )
+    for k, (a, b) in enumerate(zip(xs, xs[1:])):
+        if all(all(holds) for holds in split.holds):
+            # Every worker holds every layer: what crosses is the whole model's gradient.
+            start, end = (a + 1.15, depth / 2), (b - 1.15, depth / 2)
+        else:
+            # The activations of worker k's last layer go into worker k+1's first.
+            cut = sum(sum(holds) for holds in split.holds[: k + 1])
+            start, end = (a + 0.95, depth - cut + 0.5), (b - 0.95, depth - cut - 0.5)
+        ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": "<|-|>", "linewidth": 1.5})
+        ax.text(
+            (a + b) / 2,
+            max(start[1], end[1]) + 0.15,
+            f"{split.message}\n{split.message_bytes:,} bytes",
+            ha="center",
+            va="bottom",
+            fontsize=12,
+            bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "0.6"},
+            zorder=5,
+        )
+    ax.set_title(split.name, fontsize=16)
+    ax.set(xlim=(-1.4, xs[-1] + 1.4), ylim=(-1.7, depth + 0.8))
+    ax.axis("off")
+
+
+def splits_figure(splits: tuple[Split, ...], title: str | None = None) -> Figure:
+    fig = Figure(figsize=(14, 5.2), layout="constrained")
+    for ax, split in zip(fig.subplots(1, len(splits)), splits):
+        draw_split(ax, split)
+    fig.suptitle(title or "Two things to split: the batch (left) or the model (right); per step", fontsize=16)
+    return fig
+
+
+def describe_splits(splits: tuple[Split, ...]) -> str:
+    """The text alternative: per split, what each worker holds and computes on, and what it sends."""
+    parts = []
+    for split in splits:
+        workers = "; ".join(
+            f"worker {k} holds {', '.join(name for name, h in zip(split.layers, holds) if h)} "
+            f"({split.parameters[k]:,} parameters) and computes on {split.samples[k]} samples"
+            for k, holds in enumerate(split.holds)
+        )
+        message = split.message.replace("\n", " ")
+        parts.append(f"{split.name}: {workers}; between them: {message}, {split.message_bytes:,} bytes per step.")
+    return " ".join(parts)

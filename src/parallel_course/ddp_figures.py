@@ -59,7 +59,7 @@ def draw_sampler_grid(ax, grid: list[list[list[tuple[int, int]]]], title: str) -
     epochs, n_items = len(grid), len(grid[0])
     for epoch, row in enumerate(grid):
         y = epochs - 1 - epoch
-        ax.text(-0.15, y + 0.5, f"epoch {epoch}", ha="right", va="center", fontsize=11)
+        ax.text(-0.15, y + 0.5, f"epoch {epoch}", ha="right", va="center", fontsize=14)
         for item, readers in enumerate(row):
             if not readers:
                 ax.add_patch(Rectangle((item, y), 1, 1, facecolor="white", edgecolor="0.5", hatch="//"))
@@ -77,11 +77,11 @@ def draw_sampler_grid(ax, grid: list[list[list[tuple[int, int]]]], title: str) -
                         linewidth=0.6,
                     )
                 )
-                ax.text(x + width / 2, y + 0.5, str(position), ha="center", va="center", fontsize=10)
+                ax.text(x + width / 2, y + 0.5, str(position), ha="center", va="center", fontsize=12.5)
     for item in range(n_items):
-        ax.text(item + 0.5, epochs + 0.1, str(item), ha="center", va="bottom", fontsize=10)
-    ax.text(n_items / 2, epochs + 0.65, "item of the data set", ha="center", va="bottom", fontsize=10, color="0.3")
-    ax.set_title(title, fontsize=13, family="monospace", pad=4)
+        ax.text(item + 0.5, epochs + 0.1, str(item), ha="center", va="bottom", fontsize=12.5)
+    ax.text(n_items / 2, epochs + 0.65, "item of the data set", ha="center", va="bottom", fontsize=12.5, color="0.3")
+    ax.set_title(title, fontsize=16, family="monospace", pad=4)
     ax.set(xlim=(-1.3, n_items + 0.1), ylim=(-0.1, epochs + 1.1))
     ax.axis("off")
 
@@ -97,14 +97,14 @@ def sampler_figure(without: list[list[list[int]]], with_: list[list[list[int]]],
         handles=[Patch(facecolor=RANK_COLOURS[r], edgecolor="black", label=f"read by rank {r}") for r in range(ranks)],
         loc="lower center",
         ncol=ranks + 1,
-        fontsize=10.5,
+        fontsize=13,
         frameon=False,
     )
     fig.get_layout_engine().set(rect=(0, 0.09, 1, 0.91))
     fig.suptitle(
-        f"DistributedSampler, {n_items} items on {ranks} ranks. Colour: the rank that reads the item; "
-        "number: its place in that rank's epoch; split cell: read twice (padding)",
-        fontsize=12,
+        f"DistributedSampler, {n_items} items on {ranks} ranks. Colour: the rank that reads the item;\n"
+        "number: its place in that rank's epoch; a split cell: read twice (padding)",
+        fontsize=15,
     )
     return fig
 
@@ -205,33 +205,29 @@ def draw_buckets(ax, rows: list[BucketRow], order: list[str]) -> None:
     """A row per cap; columns are the layers in the order backward() produces their gradients;
     each bucket a box over its layers, and a flag at its right end (its last gradient) saying
     when its all-reduce was launched."""
-    n = len(order)
+    n, step, height = len(order), 2.1, 1.0
+    top = len(rows) * step
     for i, layer in enumerate(order):
-        ax.text(i + 0.5, len(rows) * 1.6 + 0.05, f"layer {layer}", ha="center", va="bottom", fontsize=10)
-    ax.annotate(
-        "",
-        xy=(n, len(rows) * 1.6 + 0.55),
-        xytext=(0, len(rows) * 1.6 + 0.55),
-        arrowprops={"arrowstyle": "-|>", "color": "0.3"},
-    )
+        ax.text(i + 0.5, top - 0.1, f"layer {layer}", ha="center", va="bottom", fontsize=12.5)
+    ax.annotate("", xy=(n, top + 0.5), xytext=(0, top + 0.5), arrowprops={"arrowstyle": "-|>", "color": "0.3"})
     ax.text(
         n / 2,
-        len(rows) * 1.6 + 0.65,
+        top + 0.6,
         "backward() produces the gradients in this order (last layer first)",
         ha="center",
         va="bottom",
-        fontsize=10.5,
+        fontsize=13,
         color="0.3",
     )
     for r, row in enumerate(rows):
-        y = (len(rows) - 1 - r) * 1.6 + 0.55
-        ax.text(-0.15, y + 0.35, row.label, ha="right", va="center", fontsize=10.5, family="monospace")
+        y = (len(rows) - 1 - r) * step + 0.8
+        ax.text(-0.15, y + height / 2, row.label, ha="right", va="center", fontsize=13, family="monospace")
         for box in row.buckets:
             ax.add_patch(
                 FancyBboxPatch(
                     (box.first + 0.06, y),
                     box.last - box.first + 0.88,
-                    0.7,
+                    height,
                     boxstyle="round,pad=0,rounding_size=0.08",
                     facecolor=BUCKET_COLOURS[box.index % len(BUCKET_COLOURS)],
                     edgecolor="black",
@@ -239,37 +235,37 @@ def draw_buckets(ax, rows: list[BucketRow], order: list[str]) -> None:
             )
             ax.text(
                 (box.first + box.last + 1) / 2,
-                y + 0.35,
-                f"bucket {box.index}: {box.tensors} tensors\n{box.mb:.2f} MiB",
+                y + height / 2,
+                f"bucket {box.index}\n{box.tensors} tensors\n{box.mb:.2f} MiB",
                 ha="center",
                 va="center",
-                fontsize=9.5,
+                fontsize=12,
             )
             # The all-reduce is launched once the bucket's last gradient (its right end) is ready.
-            ax.plot([box.last + 0.94] * 2, [y - 0.05, y - 0.32], color="#c1121f", linewidth=1.5)
+            ax.plot([box.last + 0.94] * 2, [y - 0.05, y - 0.3], color="#c1121f", linewidth=1.5)
             ax.text(
                 box.last + 0.94,
-                y - 0.36,
-                f"{_ordinal(box.launched)} all-reduce\nlaunched {box.start_ms:.1f} ms",
+                y - 0.33,
+                f"{_ordinal(box.launched)} launch\nat {box.start_ms:.1f} ms",
                 ha="right",
                 va="top",
-                fontsize=8.5,
+                fontsize=11,
                 color="#c1121f",
             )
-    ax.set(xlim=(-3.2, n + 0.1), ylim=(-0.45, len(rows) * 1.6 + 1.2))
+    ax.set(xlim=(-3.2, n + 0.1), ylim=(-0.15, top + 1.2))
     ax.axis("off")
 
 
 def buckets_figure(timelines: dict, title: str | None = None) -> Figure:
     rows = bucket_rows(timelines)
-    fig = Figure(figsize=(13, 1.45 * len(rows) + 1.6), layout="constrained")
+    fig = Figure(figsize=(14, 1.7 * len(rows) + 1.6), layout="constrained")
     ax = fig.subplots()
     draw_buckets(ax, rows, backward_order(timelines))
     ax.set_title(
         title
         or "DDP's buckets as backward() fills them, and when each all-reduce was launched "
         "(rank 0, step 4; ms after backward() started)",
-        fontsize=12,
+        fontsize=15,
     )
     return fig
 
@@ -289,3 +285,46 @@ def describe_buckets(timelines: dict) -> str:
         )
         parts.append(f"{row.label}: {buckets}.")
     return " ".join(parts)
+
+
+def _timeline_label(cap: str, bucket: dict) -> str:
+    name = "cap unset" if cap == "unset" else f"cap {cap} MiB"
+    return f"{name}, bucket {bucket['bucket']} (layers {','.join(bucket['layers'])})"
+
+
+def timeline_figure(timelines: dict) -> Figure:
+    """Each bucket's all-reduce as a bar from its launch to its completion callback, a row per
+    bucket, the caps one under another; a black line where backward() returned."""
+    fig = Figure(figsize=(9, 4), layout="tight")
+    ax = fig.subplots()
+    rows, labels, y = [], [], 0.0
+    for cap, t in timelines.items():
+        top = y
+        for b in t["buckets"]:
+            ax.barh(y, b["end"] - b["start"], left=b["start"], height=0.6, color=f"C{b['bucket']}")
+            rows.append(y)
+            labels.append(_timeline_label(cap, b))
+            y += 1
+        ax.plot([t["backward_ms"]] * 2, [top - 0.4, y - 0.6], color="black", linewidth=2)
+        # A gap between runs.
+        y += 0.5
+    ax.set_yticks(rows, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since backward() started; black line: backward() returned")
+    ax.set_title("Each bucket's all-reduce, from launch to completion (rank 0)")
+    ax.set_xlim(left=0)
+    return fig
+
+
+def describe_timeline(timelines: dict) -> tuple[str, str]:
+    """The timeline's text alternative, with each bar's times, and a plain text without them (the
+    times differ from run to run; nbval compares the plain text)."""
+    bars = [(_timeline_label(cap, b), b) for cap, t in timelines.items() for b in t["buckets"]]
+    spans = "; ".join(f"{label}: {b['start']:.1f} to {b['end']:.1f} ms" for label, b in bars)
+    alt = f"Each bucket's all-reduce from launch to completion, ms after backward() started: {spans}."
+    plain = (
+        "Each bucket's all-reduce from launch to completion, a bar per bucket: "
+        + "; ".join(label for label, _ in bars)
+        + " (the times differ from run to run)"
+    )
+    return alt, plain

@@ -16,8 +16,11 @@ from parallel_course.data_parallel_figures import (
     data_parallel_step_figure,
     data_parallel_step_picture,
     describe_data_parallel_step,
+    describe_splits,
     describe_traffic,
     link_loads,
+    parallelism_splits,
+    splits_figure,
     traffic_figure,
 )
 
@@ -121,3 +124,30 @@ def test_the_step_figure_draws_a_box_per_device_per_phase_and_says_what_it_shows
     alt = describe_data_parallel_step(picture)
     assert "cpu:2: chunk (2, 10), a replica of 325 parameters (its own copy) run by thread 'replica on cpu:2'" in alt
     assert "gathered into (10, 5) on cpu:0" in alt
+
+
+def test_the_two_splits_hold_what_chapter_01_computed_and_send_what_crosses():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+    x = torch.randn(32, 16)
+    h = net[:2](x)
+    data, model = parallelism_splits(net, [net[:2], net[2:]], x, h)
+    assert data.layers == ["Linear 16→256", "ReLU", "Linear 256→256", "ReLU", "Linear 256→1"]
+    assert data.holds == [[True] * 5] * 2 and data.parameters == [70_401] * 2 and data.samples == [16, 16]
+    assert data.message_bytes == 70_401 * 4
+    assert model.holds == [[True, True, False, False, False], [False, False, True, True, True]]
+    assert model.parameters == [4_352, 66_049] and model.samples == [32, 32]
+    assert model.message_bytes == 32 * 256 * 4
+    # A cut that is not a cut: a layer in two stages, or none.
+    with pytest.raises(ValueError, match="consecutive"):
+        parallelism_splits(net, [net[:3], net[2:]], x, h)
+    with pytest.raises(ValueError, match="consecutive"):
+        parallelism_splits(net, [net[:2], net[3:]], x, h)
+    fig = splits_figure((data, model))
+    left, right = fig.get_axes()
+    # Per worker: its frame and a box per layer.
+    assert [sum(isinstance(p, FancyBboxPatch) for p in ax.patches) for ax in (left, right)] == [12, 12]
+    assert "gradients,\naveraged (all-reduce)\n281,604 bytes" in [t.get_text() for t in left.texts]
+    alt = describe_splits((data, model))
+    assert "worker 0 holds Linear 16→256, ReLU (4,352 parameters) and computes on 32 samples" in alt
+    assert "32,768 bytes per step" in alt

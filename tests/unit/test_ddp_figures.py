@@ -13,9 +13,11 @@ from parallel_course.ddp_figures import (
     buckets_figure,
     describe_buckets,
     describe_sampler,
+    describe_timeline,
     item_readers,
     sampler_epochs,
     sampler_figure,
+    timeline_figure,
 )
 
 
@@ -128,8 +130,24 @@ def test_buckets_figure_draws_a_box_per_bucket_and_its_text_leaves_the_times_out
     (ax,) = fig.get_axes()
     assert sum(isinstance(p, FancyBboxPatch) for p in ax.patches) == 2 + 1 + 6
     texts = [t.get_text() for t in ax.texts]
-    assert "bucket 1: 10 tensors\n5.01 MiB" in texts
-    assert "1st all-reduce\nlaunched 6.3 ms" in texts
+    assert "bucket 1\n10 tensors\n5.01 MiB" in texts
+    assert "1st launch\nat 6.3 ms" in texts
     alt = describe_buckets(TIMELINES)
     assert "bucket_cap_mb unset (default): bucket 0, layers 12, 10, 1.00 MiB, all-reduce launched 1st" in alt
     assert "ms" not in alt.replace("MiB", "")
+
+
+def test_the_timeline_draws_a_bar_per_bucket_from_launch_to_completion_and_its_plain_text_has_no_times():
+    fig = timeline_figure(TIMELINES)
+    (ax,) = fig.get_axes()
+    bars = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
+    assert len(bars) == 2 + 1 + 6
+    assert bars[0] == pytest.approx((6.3, 29.8)) and bars[2] == pytest.approx((18.5, 26.4))
+    assert [t.get_text() for t in ax.get_yticklabels()][:3] == [
+        "cap unset, bucket 0 (layers 10,12)",
+        "cap unset, bucket 1 (layers 0,2,4,6,8)",
+        "cap 25 MiB, bucket 0 (layers 0,2,4,6,8,10,12)",
+    ]
+    alt, plain = describe_timeline(TIMELINES)
+    assert "cap unset, bucket 0 (layers 10,12): 6.3 to 29.8 ms" in alt
+    assert "cap 1 MiB, bucket 5 (layers 0)" in plain and " ms" not in plain
