@@ -50,6 +50,12 @@ Small modules, each doing what its name says:
 - ``collective_figures`` chapter 03's figures: each collective before and after; the ring step by step
 - ``sharding_figures`` chapter 08's figures: what each rank keeps under DDP and ZeRO-1/2/3; FSDP2's step
 - ``launcher_figures`` chapter 12's figures: what each process of each launch did; their losses
+- ``parallelism_figures`` chapter 01's figures: data vs model parallelism (what each worker holds,
+                     what crosses); the bytes on each link, parameter server vs ring
+- ``data_parallel_figures`` chapter 02's figure: one DataParallel step (scatter, replicate, apply,
+                     gather, the replicas' gradients summed)
+- ``ddp_figures``    chapters 04 and 05's figures: DistributedSampler's reads per epoch with and without
+                     set_epoch; DDP's buckets in backward order and their all-reduce timeline
 - ``performance_figures`` chapters 06b and 06c's figures: where a rank's DDP step goes; what autograd
                      keeps for backward(); M17's norms
 - ``tensor_parallel_figures`` chapter 07b's figure: a linear layer split by rows and by columns, what
