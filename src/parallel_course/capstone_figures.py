@@ -65,13 +65,13 @@ def draw_micro_batches(ax, view: MicroBatchView) -> None:
                 face = colour if counted else "#f1f3f5"
                 ax.add_patch(Rectangle((t, -y - 1), 1, 1, facecolor=face, edgecolor="white", linewidth=1.5))
                 if counted:
-                    ax.text(t + 0.5, -y - 0.5, str(target), ha="center", va="center", fontsize=9)
+                    ax.text(t + 0.5, -y - 0.5, str(target), ha="center", va="center", fontsize=12)
             y += 1
-        ax.text(width + 0.3, -(top + y) / 2, f"micro-batch {i + 1}: {view.counts[i]} tokens", va="center", fontsize=11)
+        ax.text(width + 0.3, -(top + y) / 2, f"micro-batch {i + 1}:\n{view.counts[i]} tokens", va="center", fontsize=14)
         y += 0.4
-    ax.set(xlim=(0, width + 4.2), ylim=(-y, 0.2))
-    ax.set_title("answer tokens (the loss's targets) of each problem", fontsize=12)
-    ax.set_xlabel("position in the sequence", fontsize=10)
+    ax.set(xlim=(0, width + 3.4), ylim=(-y, 0.2))
+    ax.set_title("each problem's answer tokens (the loss's targets)", fontsize=14)
+    ax.set_xlabel("position in the sequence", fontsize=13)
     ax.set_xticks([])
     ax.set_yticks([])
     for side in ax.spines.values():
@@ -89,11 +89,13 @@ def draw_token_weights(ax, view: MicroBatchView) -> None:
     ax.bar([x - 0.2 for x in xs], right, 0.4, color=colours, edgecolor="black", label="sum / global count N")
     ax.bar([x + 0.2 for x in xs], wrong, 0.4, color=colours, edgecolor="black", hatch="xx", label="mean of means")
     ax.axhline(1, color="black", linewidth=1)
-    ax.set_xticks(list(xs), [f"micro-batch {i + 1}\n{n} tokens" for i, n in enumerate(view.counts)], fontsize=10)
-    ax.set_ylabel("weight of one token × N", fontsize=11)
+    ax.set_xticks(list(xs), [f"{i + 1}\n{n} tokens" for i, n in enumerate(view.counts)], fontsize=13)
+    ax.set_xlabel("micro-batch", fontsize=13)
+    ax.set_ylabel("weight of one token × N", fontsize=13)
+    ax.tick_params(axis="y", labelsize=12)
     ax.set_ylim(0, max(wrong + right) * 1.25)
-    ax.set_title("each token's weight in the step's loss", fontsize=12)
-    ax.legend(fontsize=10, loc="upper right")
+    ax.set_title("each token's weight in the step's loss", fontsize=14)
+    ax.legend(fontsize=13, loc="upper right")
 
 
 def describe_micro_batches(view: MicroBatchView) -> str:
@@ -151,8 +153,8 @@ def chain(rows: list[TimelineRow], resumed: dict[int, int]) -> list[TimelineRow]
 
 def micro_batches_figure(view: MicroBatchView) -> Figure:
     """``draw_micro_batches`` and ``draw_token_weights`` side by side."""
-    fig = Figure(figsize=(12, 5), layout="constrained")
-    grid, weights = fig.subplots(1, 2, width_ratios=[1.2, 1])
+    fig = Figure(figsize=(12, 5.5), layout="constrained")
+    grid, weights = fig.subplots(1, 2, width_ratios=[1, 1])
     draw_micro_batches(grid, view)
     draw_token_weights(weights, view)
     return fig

@@ -127,12 +127,13 @@ def draw_timeline(ax, rows: list[TimelineRow], epoch_ends: list[int] = (), colou
     for end in epoch_ends:
         ax.axvline(end + 0.5, color="0.4", linestyle="--", linewidth=1, zorder=0)
     last = max(max(r.last, r.failed_in or 0) for r in rows)
-    ax.set_yticks(range(n), [r.label for r in reversed(rows)], fontsize=11)
+    ax.set_yticks(range(n), [r.label for r in reversed(rows)], fontsize=13)
     ax.set_xticks(range(1, last + 1))
     # A checkpoint of step 0 (a seed) sits before step 1.
     left = -0.2 if any(0 in r.checkpoints for r in rows) else 0.3
-    ax.set(xlim=(left, last + 0.9), ylim=(-0.7, n - 0.3), xlabel="step")
-    ax.tick_params(axis="x", labelsize=10)
+    ax.set(xlim=(left, last + 0.9), ylim=(-0.7, n - 0.3))
+    ax.set_xlabel("step", fontsize=12)
+    ax.tick_params(axis="x", labelsize=11)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
 
@@ -153,12 +154,14 @@ def timeline_key(ax, failed: bool = True, repeated: bool = True, epochs: bool = 
         handles.insert(2, Patch(facecolor="white", edgecolor="black", hatch="///", label="step run again"))
     if epochs:
         handles.append(Line2D([], [], color="0.4", linestyle="--", label="end of an epoch"))
-    ax.figure.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=10, frameon=False)
+    ax.figure.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=12, frameon=False)
 
 
-def timeline_figure(rows: list[TimelineRow], epoch_ends: list[int] = (), width: float = 12) -> Figure:
+def timeline_figure(
+    rows: list[TimelineRow], epoch_ends: list[int] = (), width: float = 12, row_height: float = 0.75
+) -> Figure:
     """``draw_timeline`` with its key, on a figure of its own."""
-    fig = Figure(figsize=(width, 1.6 + 0.75 * len(rows)), layout="constrained")
+    fig = Figure(figsize=(width, 1.6 + row_height * len(rows)), layout="constrained")
     ax = fig.subplots()
     draw_timeline(ax, rows, epoch_ends)
     failed = any(r.failed_in is not None for r in rows)
@@ -177,7 +180,8 @@ def describe_timeline(rows: list[TimelineRow]) -> str:
                 f"steps {row.first} to {row.last} completed"
             )
         if row.repeated:
-            text += f" (steps {', '.join(map(str, row.repeated))} again)"
+            again = ", ".join(map(str, row.repeated))
+            text += f" (steps {again} run again)" if len(row.repeated) > 1 else f" (step {again} run again)"
         if row.checkpoints:
             saved = ", ".join(map(str, row.checkpoints))
             text += (
@@ -257,31 +261,37 @@ def draw_rank_ends(ax, title: str, ends: list[RankEnd]) -> None:
     for i, end in enumerate(ends):
         y = n - 1 - i
         face = FAILED_COLOUR if end.culprit else VICTIM_COLOUR
-        ax.text(-0.1, y, f"rank {end.rank}", ha="right", va="center", fontsize=12, weight="bold")
+        ax.text(-0.1, y, f"rank {end.rank}", ha="right", va="center", fontsize=14, weight="bold")
         ax.add_patch(Rectangle((0, y - 0.32), 2.6, 0.64, facecolor=face, edgecolor="black", alpha=0.9))
-        ax.text(1.3, y, end.did, ha="center", va="center", fontsize=11)
+        ax.text(1.3, y, end.did, ha="center", va="center", fontsize=13)
         ax.annotate("", xy=(3.0, y), xytext=(2.62, y), arrowprops={"arrowstyle": "-|>", "lw": 1.5})
         ax.add_patch(Rectangle((3.0, y - 0.32), 3.0, 0.64, facecolor="white", edgecolor=face, linewidth=2.5))
-        ax.text(4.5, y, end.ended, ha="center", va="center", fontsize=11)
+        ax.text(4.5, y, end.ended, ha="center", va="center", fontsize=13)
         role = "culprit" if end.culprit else "victim"
-        ax.text(6.1, y, role, ha="left", va="center", fontsize=12, color=face if end.culprit else "0.35", weight="bold")
-    ax.set_title(title, fontsize=13)
-    ax.set(xlim=(-1.0, 7.0), ylim=(-0.6, n - 0.4))
+        ax.text(6.1, y, role, ha="left", va="center", fontsize=14, color=face if end.culprit else "0.35", weight="bold")
+    ax.text(1.3, n - 0.5, "in the step that failed", ha="center", va="center", fontsize=12, color="0.35")
+    ax.text(4.5, n - 0.5, "how it ended", ha="center", va="center", fontsize=12, color="0.35")
+    ax.set_title(title, fontsize=15)
+    ax.set(xlim=(-1.0, 7.0), ylim=(-0.6, n - 0.3))
     ax.axis("off")
 
 
 def describe_rank_ends(title: str, ends: list[RankEnd]) -> str:
     """The text alternative of ``draw_rank_ends``."""
-    return f"{title}: " + "; ".join(
-        f"rank {e.rank} {e.did}, {e.ended}: {'the culprit' if e.culprit else 'a victim'}" for e in ends
+    return (
+        f"{title}: "
+        + "; ".join(f"rank {e.rank} {e.did}, {e.ended}: {'the culprit' if e.culprit else 'a victim'}" for e in ends)
+        + "."
     )
 
 
 def describe_roles(title: str, ends: list[RankEnd]) -> str:
     """Who was the culprit and who a victim, without how each victim ended: a victim of a crash
     either lost its peer or was stopped first, a race (a text that does not vary from run to run)."""
-    return f"{title}: " + "; ".join(
-        f"rank {e.rank} {e.did}: {'the culprit' if e.culprit else 'a victim'}" for e in ends
+    return (
+        f"{title}: "
+        + "; ".join(f"rank {e.rank} {e.did}: {'the culprit' if e.culprit else 'a victim'}" for e in ends)
+        + "."
     )
 
 

@@ -44,7 +44,7 @@ def test_draw_micro_batches_colours_a_cell_per_answer_token_with_its_digit():
     assert len(cells) == 4 * 3
     digits = sorted(t.get_text() for t in ax.texts if t.get_text().isdigit())
     assert digits == ["2", "4", "5", "7"]
-    assert {t.get_text() for t in ax.texts} >= {"micro-batch 1: 3 tokens", "micro-batch 2: 1 tokens"}
+    assert {t.get_text() for t in ax.texts} >= {"micro-batch 1:\n3 tokens", "micro-batch 2:\n1 tokens"}
 
 
 def test_draw_token_weights_draws_both_rules_times_the_global_count():

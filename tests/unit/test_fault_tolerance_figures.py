@@ -85,7 +85,9 @@ def test_the_timeline_text_says_what_each_attempt_did():
     rows = attempts_from_run(STDOUT, ERRORS, METRICS, checkpoint_every=4)
     text = describe_timeline(rows)
     assert "attempt 0: steps 1 to 13 completed, checkpoints after steps 4, 8, 12, failed in step 14." in text
-    assert "attempt 1: resumed from attempt 0's step-12 checkpoint, steps 13 to 24 completed (steps 13 again)" in text
+    assert (
+        "attempt 1: resumed from attempt 0's step-12 checkpoint, steps 13 to 24 completed (step 13 run again)" in text
+    )
     fig = timeline_figure(rows, epoch_ends=[8, 16])
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "step that failed" in labels and "step run again" in labels and "end of an epoch" in labels
