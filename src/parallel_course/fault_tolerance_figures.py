@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass, field
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
 
 from .collective_figures import RANK_COLOURS
 
@@ -26,7 +27,7 @@ class TimelineRow:
     """One attempt of a job, or one job of a chain: the steps it completed (``first`` to ``last``),
     the steps after which it saved a checkpoint, the step it failed in (None if it did not), the
     row and step it resumed from (None if it started from scratch), and the steps it ran again
-    (completed before by the row it resumed from's lineage)."""
+    (an earlier attempt had completed them)."""
 
     label: str
     first: int
@@ -140,9 +141,6 @@ def draw_timeline(ax, rows: list[TimelineRow], epoch_ends: list[int] = (), colou
 
 def timeline_key(ax, failed: bool = True, repeated: bool = True, epochs: bool = True) -> None:
     """The key of ``draw_timeline``: what the marks mean."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     handles = [
         Patch(facecolor="white", edgecolor="black", label="step completed"),
         Line2D([], [], marker="D", color="black", linestyle="none", label="checkpoint saved"),
