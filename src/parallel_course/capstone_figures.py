@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 
 from .collective_figures import RANK_COLOURS
 from .fault_tolerance_figures import TimelineRow
@@ -158,3 +158,83 @@ def micro_batches_figure(view: MicroBatchView) -> Figure:
     draw_micro_batches(grid, view)
     draw_token_weights(weights, view)
     return fig
+
+
+@dataclass
+class SavedTensor:
+    """One tensor of a DCP checkpoint: its shape, and the pieces it was saved in, each as its rows,
+    its columns (``(0, 1)`` for a vector) and the rank whose file holds it (``__R_0.distcp``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    pieces: list[tuple[tuple[int, int], tuple[int, int], int]]
+
+
+def saved_tensors(metadata, names: list[str]) -> list[SavedTensor]:
+    """The pieces of each tensor ``names`` lists, as a checkpoint's metadata records them
+    (``FileSystemReader(folder).read_metadata()``: every saved piece's offsets and sizes, and the
+    file that holds it)."""
+    files = {(index.fqn, tuple(index.offset)): info.relative_path for index, info in metadata.storage_data.items()}
+    found = []
+    for name in names:
+        meta = metadata.state_dict_metadata[name]
+        pieces = []
+        for chunk in meta.chunks:
+            offsets, sizes = list(chunk.offsets), list(chunk.sizes)
+            rows = (offsets[0], offsets[0] + sizes[0])
+            columns = (offsets[1], offsets[1] + sizes[1]) if len(sizes) > 1 else (0, 1)
+            writer = int(files[(name, tuple(offsets))].split("_")[2])
+            pieces.append((rows, columns, writer))
+        found.append(SavedTensor(name, tuple(meta.size), sorted(pieces)))
+    return found
+
+
+def draw_saved_tensors(ax, title: str, tensors: list[SavedTensor]) -> None:
+    """A bar per tensor, its rows from left to right (its columns from bottom to top): each piece
+    the checkpoint saved coloured by the rank whose file holds it, outlined."""
+    n = len(tensors)
+    for i, t in enumerate(tensors):
+        y = n - 1 - i
+        columns = t.shape[1] if len(t.shape) > 1 else 1
+        for (r0, r1), (c0, c1), writer in t.pieces:
+            ax.add_patch(
+                Rectangle(
+                    (r0 / t.shape[0], y - 0.35 + 0.7 * c0 / columns),
+                    (r1 - r0) / t.shape[0],
+                    0.7 * (c1 - c0) / columns,
+                    facecolor=RANK_COLOURS[writer % len(RANK_COLOURS)],
+                    edgecolor="black",
+                    linewidth=1.2,
+                )
+            )
+    ax.set_yticks(
+        range(n), [f"{t.name.removeprefix('model.')} {list(t.shape)}" for t in reversed(tensors)], fontsize=11
+    )
+    ax.set(xlim=(0, 1), ylim=(-0.6, n - 0.4))
+    ax.set_xticks([0, 0.5, 1], ["0", "half", "all"], fontsize=11)
+    ax.set_xlabel("rows (dimension 0)", fontsize=11)
+    ax.set_title(title, fontsize=13)
+
+
+def saved_tensors_figure(panels: list[tuple[str, list[SavedTensor]]]) -> Figure:
+    """``draw_saved_tensors`` for each (title, tensors) side by side, with the key of the ranks."""
+    fig = Figure(figsize=(12, 1.4 + 0.42 * max(len(t) for _, t in panels)), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True)
+    for ax, (title, tensors) in zip(axes, panels):
+        draw_saved_tensors(ax, title, tensors)
+    writers = sorted({w for _, tensors in panels for t in tensors for *_, w in t.pieces})
+    handles = [
+        Patch(facecolor=RANK_COLOURS[w % len(RANK_COLOURS)], edgecolor="black", label=f"in rank {w}'s file")
+        for w in writers
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=12, frameon=False)
+    return fig
+
+
+def describe_saved_tensors(title: str, tensors: list[SavedTensor]) -> str:
+    """The text alternative of ``draw_saved_tensors``."""
+    parts = []
+    for t in tensors:
+        pieces = ", ".join(f"rows {r0}-{r1 - 1} by rank {w}" for (r0, r1), _, w in t.pieces)
+        parts.append(f"{t.name.removeprefix('model.')} {list(t.shape)}: {pieces}")
+    return f"{title}: " + "; ".join(parts) + "."

@@ -9,12 +9,16 @@ from parallel_course.capstone_figures import (
     chain,
     checkpoint_steps,
     describe_micro_batches,
+    describe_saved_tensors,
     draw_micro_batches,
+    draw_saved_tensors,
     draw_token_weights,
     job_row,
     layout_name,
     micro_batch_view,
     micro_batches_figure,
+    saved_tensors,
+    saved_tensors_figure,
     seed_row,
 )
 from parallel_course.fault_tolerance_figures import describe_timeline
@@ -81,3 +85,47 @@ def test_a_seed_row_lists_only_complete_checkpoints(tmp_path):
     assert checkpoint_steps(tmp_path) == [0]
     row = seed_row("seed", tmp_path)
     assert row.steps == [] and row.checkpoints == [0]
+
+
+def _metadata(pieces):
+    """DCP's metadata of one checkpoint: {name: (size, [(offsets, sizes, writer)])}."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    state, storage = {}, {}
+    for name, (size, chunks) in pieces.items():
+        state[name] = TensorStorageMetadata(
+            TensorProperties(dtype=torch.float32),
+            torch.Size(size),
+            [ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s, _ in chunks],
+        )
+        for o, _, writer in chunks:
+            storage[MetadataIndex(name, torch.Size(o))] = _StorageInfo(f"__{writer}_0.distcp", 0, 1)
+    return Metadata(state, storage_data=storage)
+
+
+def test_saved_tensors_say_which_rank_s_file_holds_which_rows_and_columns():
+    metadata = _metadata(
+        {
+            "model.w": ((8, 4), [((4, 0), (4, 4), 1), ((0, 0), (4, 4), 0)]),
+            "model.b": ((8,), [((0,), (8,), 1)]),
+            "model.p": ((4, 8), [((0, 0), (4, 4), 0), ((0, 4), (4, 4), 1)]),
+        }
+    )
+    w, b, p = saved_tensors(metadata, ["model.w", "model.b", "model.p"])
+    assert w.pieces == [((0, 4), (0, 4), 0), ((4, 8), (0, 4), 1)] and w.shape == (8, 4)
+    assert b.pieces == [((0, 8), (0, 1), 1)]
+    assert p.pieces == [((0, 4), (0, 4), 0), ((0, 4), (4, 8), 1)]
+    ax = Figure().subplots()
+    draw_saved_tensors(ax, "saved", [w, b, p])
+    boxes = [(round(r.get_x(), 3), round(r.get_width(), 3), r.get_facecolor()[:3]) for r in ax.patches]
+    # w's two halves side by side, b whole, p's column halves one above the other.
+    assert [(x, width) for x, width, _ in boxes] == [(0, 0.5), (0.5, 0.5), (0, 1), (0, 1), (0, 1)]
+    assert describe_saved_tensors("saved", [w]) == "saved: w [8, 4]: rows 0-3 by rank 0, rows 4-7 by rank 1."
+    assert len(saved_tensors_figure([("a", [w]), ("b", [b])]).legends[0].get_texts()) == 2
