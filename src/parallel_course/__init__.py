@@ -50,6 +50,10 @@ Small modules, each doing what its name says:
 - ``collective_figures`` chapter 03's figures: each collective before and after; the ring step by step
 - ``sharding_figures`` chapter 08's figures: what each rank keeps under DDP and ZeRO-1/2/3; FSDP2's step
 - ``launcher_figures`` chapter 12's figures: what each process of each launch did; their losses
+- ``fault_tolerance_figures`` chapter 09's figures: a job's attempts through a crash, checkpoint and
+                     restart (the timeline 11c reuses); each rank's part in a crash and a hang
+- ``capstone_figures`` chapter 11c's figures: micro-batches with their answer tokens and each token's
+                     weight; jobs that continue in another layout; a checkpoint resharded
 - ``parallelism_figures`` chapter 01's figures: data vs model parallelism (what each worker holds,
                      what crosses); the bytes on each link, parameter server vs ring
 - ``data_parallel_figures`` chapter 02's figure: one DataParallel step (scatter, replicate, apply,
