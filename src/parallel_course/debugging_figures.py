@@ -126,3 +126,13 @@ def describe_flight_grid(grid: FlightGrid) -> str:
         f"Flight records of {len(grid.ranks)} ranks, collectives {grid.seqs[0]} to {grid.seqs[-1]} by sequence number. "
         + " ".join(parts)
     )
+
+
+def describe_step_split(medians: list[dict[str, float]], slow: list[int]) -> tuple[str, str]:
+    """The text alternative of the bars of each rank's median step, outside the collectives and inside
+    them (medians: debugging.stragglers'), with the times; and a plain text without them (they differ
+    from run to run; nbval compares the plain text). ``slow``: the ranks found to straggle."""
+    head = f"Each of {len(medians)} ranks' median seconds per step, a bar split into outside the collectives and inside"
+    found = f"the straggler found, most time outside: {', '.join(f'rank {r}' for r in slow) or 'none'}"
+    bars = "; ".join(f"rank {r}: outside {m['outside']:.3f}, inside {m['inside']:.3f}" for r, m in enumerate(medians))
+    return f"{head} (waiting): {bars}; {found}.", f"{head} (waiting); {found} (the times differ from run to run)."

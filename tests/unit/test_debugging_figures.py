@@ -50,3 +50,12 @@ def test_only_the_last_sequence_numbers_are_drawn():
     fig = dfig.flight_figure(grid, "t")
     (ax,) = fig.axes
     assert len(ax.patches) == 3 * 5
+
+
+def test_describe_step_split_names_the_straggler_and_keeps_times_out_of_the_plain_text():
+    medians = [{"step": 0.2, "outside": 0.001, "inside": 0.202}, {"step": 0.2, "outside": 0.201, "inside": 0.002}]
+    alt, plain = dfig.describe_step_split(medians, [1])
+    assert "rank 0: outside 0.001, inside 0.202; rank 1: outside 0.201, inside 0.002" in alt
+    assert "straggler found, most time outside: rank 1" in alt and "rank 1" in plain
+    assert "0.2" not in plain
+    assert "none" in dfig.describe_step_split(medians, [])[1]
