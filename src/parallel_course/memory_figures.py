@@ -62,3 +62,41 @@ def plot_peak_parts(ax, peaks: dict[str, dict[str, int]]) -> None:
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set(ylabel="kB on rank 0 at the peak", title="What the tracker saw at each layout's peak")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def describe_tiles(grids: dict[str, list[list[str]]], seq_len: int, block_size: int) -> str:
+    """The text alternative of ``plot_tiles``' panels (grids: panel label -> its tile grid): how many
+    tiles each computes whole, masked across the diagonal, and skips."""
+    parts = []
+    for label, grid in grids.items():
+        kinds = [kind for row in grid for kind in row]
+        parts.append(
+            f"{label}: {kinds.count('full')} whole, {kinds.count('causal')} masked across the diagonal, "
+            f"{kinds.count('skip')} skipped"
+        )
+    n = len(next(iter(grids.values())))
+    return (
+        f"The query x key square of {seq_len} positions cut into {n} x {n} tiles of {block_size}, "
+        "queries down, keys across. " + "; ".join(parts) + "."
+    )
+
+
+def describe_saved_bytes(lengths: list[int], naive: list[int], flash: list[int]) -> str:
+    """The text alternative of ``plot_saved_bytes``: both curves' ends and how each grows."""
+    growth = lengths[-1] / lengths[0]
+    return (
+        f"Bytes saved for backward beyond q, k, v against the sequence length s from {lengths[0]} to "
+        f"{lengths[-1]} (log-log). Naive attention: {naive[0]:,} to {naive[-1]:,} bytes, "
+        f"{naive[-1] / naive[0]:.0f} times for {growth:.0f} times the length; FlashAttention: {flash[0]:,} to "
+        f"{flash[-1]:,} bytes, {flash[-1] / flash[0]:.0f} times."
+    )
+
+
+def describe_peak_parts(peaks: dict[str, dict[str, int]]) -> str:
+    """The text alternative of ``plot_peak_parts``: each layout's peak in kB and its parts, largest first."""
+    parts = []
+    for name, peak in peaks.items():
+        shown = sorted((part for part in PART_COLOURS if peak.get(part, 0)), key=lambda p: -peak[p])
+        total = peak.get("total", sum(peak.get(part, 0) for part in PART_COLOURS))
+        parts.append(f"{name} {total / 1e3:.0f} kB (" + ", ".join(f"{p} {peak[p] / 1e3:.0f}" for p in shown) + ")")
+    return "Stacked bars, kB on rank 0 at each layout's tracked peak, by part: " + "; ".join(parts) + "."
