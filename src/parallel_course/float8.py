@@ -493,3 +493,59 @@ def plot_deviation(ax, deviations: dict[str, list[float]], tolerance: float):
     ax.set(yscale="log", xlabel="step", ylabel="|loss / float32's - 1|")
     ax.legend(fontsize=8)
     return ax
+
+
+def describe_grid(formats: dict[str, torch.dtype], reference: torch.dtype | None = None) -> str:
+    """The text alternative of ``plot_grid``: each format's positive values, its flat gap across
+    the normal range and its largest gap in the subnormals; and ``reference``'s normal-range gap,
+    if the figure marks it."""
+    parts = []
+    for label, dtype in formats.items():
+        values, gaps = relative_spacing(dtype)
+        normal = gaps[values >= torch.finfo(dtype).smallest_normal]
+        parts.append(
+            f"{label}: {len(values) + 1} positive values from {values[0].item():.3g} to {torch.finfo(dtype).max:.3g}, "
+            f"the gap flat at {normal.max().item():.3g} of the value across the normal range, rising to "
+            f"{gaps.max().item():.3g} at the smallest subnormal"
+        )
+    text = "Gap to the next representable value, relative to the value, against the value (both log scale). "
+    text += "; ".join(parts) + "."
+    if reference is not None:
+        name = str(reference).removeprefix("torch.")
+        text += f" A dotted line marks {name}'s largest gap, {2 * unit_roundoff(reference):.3g}."
+    return text
+
+
+def describe_census(histograms: dict[str, torch.Tensor], windows: dict[str, tuple[str, torch.dtype]]) -> str:
+    """The text alternative of ``plot_census``: per role, the powers of two its values span and the
+    share of them inside the role's format's normal range, unscaled."""
+    low, high = LOG2_BINS
+    parts = []
+    for role, counts in histograms.items():
+        label, dtype = windows[role]
+        info = torch.finfo(dtype)
+        exponents = torch.arange(len(counts)) + low
+        seen = exponents[counts > 0]
+        inside = (exponents >= math.log2(info.smallest_normal)) & (exponents < math.log2(info.max))
+        share = counts[inside].sum().item() / max(counts.sum().item(), 1)
+        # The end bins also hold what lies beyond them (log2_histogram).
+        below = " or less" if seen.min().item() == low else ""
+        above = " or more" if seen.max().item() == high - 1 else ""
+        parts.append(
+            f"{role}: |x| from 2^{seen.min().item()}{below} to 2^{seen.max().item() + 1}{above}, {share:.0%} of "
+            f"them inside the {label}"
+        )
+    return "Histograms of log2 |x| of the operands FP8 would cast, one panel per role. " + "; ".join(parts) + "."
+
+
+def describe_deviation(deviations: dict[str, list[float]], tolerance: float) -> str:
+    """The text alternative of ``plot_deviation``: each run's largest drift and whether it stays
+    within the tolerance."""
+    parts = [
+        f"{label} at most {max(values):.2g} ({'within' if max(values) <= tolerance else 'beyond'} it)"
+        for label, values in deviations.items()
+    ]
+    return (
+        f"Each run's |loss / float32's - 1| over {len(next(iter(deviations.values())))} steps (log scale), "
+        f"against the tolerance {tolerance:.2g}: " + "; ".join(parts) + "."
+    )

@@ -1152,6 +1152,20 @@ def float8_speedup(m: int, k: int, n: int, gpu: Roofline, fused_casts: bool = Fa
     return t["bf16"] / (t["fp8_matmuls"] + t["casts"])
 
 
+def describe_float8_speedups(sides: list[int], curves: dict[str, list[float]]) -> str:
+    """A text alternative for curves of ``float8_speedup`` against the side N of square matmuls:
+    for each curve, where FP8 starts to pay (speedup above 1) and its speedup at the largest N."""
+    parts = []
+    for label, speedups in curves.items():
+        paying = [side for side, speedup in zip(sides, speedups) if speedup > 1]
+        where = f"above 1 from N = {paying[0]}" if paying else "below 1 throughout"
+        parts.append(f"{label}: {speedups[0]:.2f} at N = {sides[0]}, {where}, {speedups[-1]:.2f} at N = {sides[-1]}")
+    return (
+        f"FP8's speedup over bfloat16 of one linear's training step, against N from {sides[0]} to {sides[-1]} "
+        "(log scale), with a line at 1. " + "; ".join(parts) + "."
+    )
+
+
 def linear_shapes(m: Model) -> list[tuple[str, int, int]]:
     """A block's linears as (name, k inputs, n outputs), in ``Model.matmuls``'s order (dense MLPs)."""
     h, f, kv = m.hidden, m.ffn_width, m.kv_width

@@ -215,3 +215,46 @@ def test_fp8_pays_for_large_matrices_only():
     assert [name for name, _, _ in planner.linear_shapes(llama)] == ["q", "k", "v", "proj", "w1", "w3", "w2"]
     assert planner.linear_shapes(llama)[1] == ("k", 4096, 1024)
     assert all(s > 1 for _, s in planner.float8_linears(llama, 8192, h100, fused_casts=True))
+
+
+def test_describe_grid_reads_each_formats_values_and_gaps():
+    text = float8.describe_grid({"e4m3": E4M3, "e5m2": E5M2}, torch.bfloat16)
+    # e4m3fn: 126 positive finite values from 2^-9 to 448, normal gap 2^-3; e5m2: 123 up to 57344, 2^-2;
+    # both gaps reach 1 at the smallest subnormal; bfloat16's largest gap is 2^-7.
+    assert "e4m3: 126 positive values from 0.00195 to 448, the gap flat at 0.125" in text
+    assert "e5m2: 123 positive values from 1.53e-05 to 5.73e+04, the gap flat at 0.25" in text
+    assert text.count("rising to 1 at the smallest subnormal") == 2
+    assert "A dotted line marks bfloat16's largest gap, 0.00781." in text
+
+
+def test_describe_census_counts_the_share_inside_each_window():
+    low, high = float8.LOG2_BINS
+    counts = torch.zeros(high - low, dtype=torch.long)
+    # Three values at 2^-20 (below e4m3's normal range, 2^-6 up) and one at 2^0 (inside).
+    counts[-20 - low], counts[0 - low] = 3, 1
+    text = float8.describe_census({"weights": counts}, {"weights": ("e4m3 range", E4M3)})
+    assert "weights: |x| from 2^-20 to 2^1, 25% of them inside the e4m3 range" in text
+
+
+def test_describe_deviation_says_which_runs_stay_within_the_tolerance():
+    text = float8.describe_deviation({"a": [0.0, 0.001], "b": [0.02, 0.3]}, 0.01)
+    assert "over 2 steps" in text and "tolerance 0.01" in text
+    assert "a at most 0.001 (within it)" in text and "b at most 0.3 (beyond it)" in text
+
+
+def test_describe_float8_speedups_finds_where_fp8_starts_to_pay():
+    sides = [2**k for k in range(7, 16)]
+    h100 = planner.ROOFLINES["h100"]
+    curve = [planner.float8_speedup(s, s, s, h100, True) for s in sides]
+    text = planner.describe_float8_speedups(sides, {"h100, fused": curve, "never": [0.5] * len(sides)})
+    first = next(s for s, x in zip(sides, curve) if x > 1)
+    assert f"h100, fused: {curve[0]:.2f} at N = 128, above 1 from N = {first}, {curve[-1]:.2f} at N = 32768" in text
+    assert "never: 0.50 at N = 128, below 1 throughout" in text
+
+
+def test_describe_census_says_when_the_end_bins_hold_what_lies_beyond():
+    low, high = float8.LOG2_BINS
+    counts = float8.log2_histogram(torch.tensor([2.0**-60, 2.0**20]))
+    text = float8.describe_census({"gradients": counts}, {"gradients": ("e5m2 range", E5M2)})
+    # The top bin, [2^15, 2^16), counts as inside e5m2's range (to 57344), as the figure shades it.
+    assert f"|x| from 2^{low} or less to 2^{high} or more, 50% of them inside" in text
