@@ -143,3 +143,23 @@ def plot_step_times(ax, times: dict[str, list[float]]):
     ax.set(yscale="log", xlabel="step", ylabel="seconds")
     ax.legend(fontsize=8)
     return ax
+
+
+def describe_collectives(counts: dict[str, dict[str, int]]) -> str:
+    """The text alternative of ``plot_collectives``: each run's calls in one step, by name."""
+    parts = [
+        label.replace("\n", ", ") + ": " + ", ".join(f"{n} {name}" for name, n in sorted(c.items()))
+        for label, c in counts.items()
+    ]
+    return "Collectives in one step, grouped bars per run: " + "; ".join(parts) + "."
+
+
+def describe_step_times(times: dict[str, list[float]]) -> tuple[str, str]:
+    """The text alternative of ``plot_step_times``, with each run's times, and a plain text without
+    them (the times are this machine's; nbval compares the plain text)."""
+    steps = max(len(values) for values in times.values())
+    head = f"Each run's time of each of {steps} steps, in seconds (log scale, this machine's)"
+    spans = "; ".join(f"{label}: " + ", ".join(f"{t:.3g}" for t in values) for label, values in times.items())
+    return f"{head}: {spans}.", f"{head}, a line per run: " + "; ".join(
+        times
+    ) + " (the times differ from machine to machine)."
