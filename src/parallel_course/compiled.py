@@ -160,6 +160,5 @@ def describe_step_times(times: dict[str, list[float]]) -> tuple[str, str]:
     steps = max(len(values) for values in times.values())
     head = f"Each run's time of each of {steps} steps, in seconds (log scale, this machine's)"
     spans = "; ".join(f"{label}: " + ", ".join(f"{t:.3g}" for t in values) for label, values in times.items())
-    return f"{head}: {spans}.", f"{head}, a line per run: " + "; ".join(
-        times
-    ) + " (the times differ from machine to machine)."
+    runs = "; ".join(times)
+    return f"{head}: {spans}.", f"{head}, a line per run: {runs} (the times differ from machine to machine)."
