@@ -124,6 +124,10 @@ def pipeline_explorer(n_stages: int = 4, n_microbatches: int = 8) -> PipelineExp
     return PipelineExplorer(n_stages, n_microbatches)
 
 
+# How the text alternatives name operations: "F3@2" is micro-batch 3's forward, starting at time 2.
+KEY = "Pipeline timelines, an operation as kind, micro-batch and start (F forward, B backward, W weight gradient, L loss). "
+
+
 def describe_timeline(ops: Sequence[pipe.Op]) -> str:
     """What ``draw_timeline`` draws, as text: each stage's operations in time order, with their start
     (an operation's label, "@", its slot), and the span the timeline covers."""
@@ -139,7 +143,7 @@ def describe_timeline(ops: Sequence[pipe.Op]) -> str:
 def describe_timelines(panels: dict[str, Sequence[pipe.Op]]) -> str:
     """The text alternative of a figure of timelines, one panel per title: each title, then
     ``describe_timeline`` of its operations."""
-    return " ".join(f"{title}: {describe_timeline(ops)}." for title, ops in panels.items())
+    return KEY + " ".join(f"{title}: {describe_timeline(ops)}." for title, ops in panels.items())
 
 
 def describe_measured(run: dict, predicted: dict[str, Sequence[pipe.Op]]) -> tuple[str, str]:
@@ -157,4 +161,4 @@ def describe_measured(run: dict, predicted: dict[str, Sequence[pipe.Op]]) -> tup
         head = f"{name}, predicted idle {pipe.idle_fraction(ops):.0%}: {describe_timeline(ops)}"
         alt.append(f"{head}; measured (ms), idle {pipe.measured_idle_fraction(busy):.0%}: {stages}.")
         plain.append(f"{head}; and the measured timeline beside it (its times differ from run to run).")
-    return " ".join(alt), " ".join(plain)
+    return KEY + " ".join(alt), KEY + " ".join(plain)
