@@ -100,7 +100,7 @@ def check_negative_control(what: str, run: dict, reference: dict, tolerance: flo
 def describe_memory_by_layout(runs: dict[str, dict], rank: int = 0) -> str:
     """The text alternative of ``plot_memory_by_layout``'s bars: what ``rank`` holds in each run, by part, in kB."""
     rows = [
-        f"{layout} ({run['world_size']} processes): "
+        f"{layout} ({run['world_size']} process{'es' if run['world_size'] > 1 else ''}): "
         + ", ".join(
             f"{p.replace('_bytes', '').replace('_', ' ')} {run['memory'][rank][p] / 1e3:.1f}" for p in MEMORY_PARTS
         )

@@ -94,7 +94,8 @@ def test_describe_memory_by_layout_gives_each_part_of_each_layout_in_kb():
     memory = [{part: 1000.0 * (i + 1) for i, part in enumerate(MEMORY_PARTS)}]
     runs = {"single": {"world_size": 1, "memory": memory}, "fsdp": {"world_size": 2, "memory": memory}}
     text = describe_memory_by_layout(runs)
-    assert "kB held on rank 0" in text and "fsdp (2 processes): parameter 1.0, gradient 2.0" in text
+    assert "kB held on rank 0 by layout: single (1 process): parameter 1.0" in text
+    assert "fsdp (2 processes): parameter 1.0, gradient 2.0" in text
     assert "optimizer state 3.0, activation 4.0." in text
 
 

@@ -125,7 +125,10 @@ def pipeline_explorer(n_stages: int = 4, n_microbatches: int = 8) -> PipelineExp
 
 
 # How the text alternatives name operations: "F3@2" is micro-batch 3's forward, starting at time 2.
-KEY = "Pipeline timelines, an operation as kind, micro-batch and start (F forward, B backward, W weight gradient, L loss). "
+KEY = (
+    "Pipeline timelines, an operation as kind, micro-batch and start "
+    "(F forward, B backward, W weight gradient, L loss). "
+)
 
 
 def describe_timeline(ops: Sequence[pipe.Op]) -> str:
