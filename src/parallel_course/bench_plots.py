@@ -103,3 +103,33 @@ def plot_scaling(report: dict):
     fig.suptitle(f"{report['backend']} on {report['device']}" + (f", {threads} thread per process" if threads else ""))
     fig.tight_layout()
     return fig
+
+
+def describe_iterations(times_ms: list[float], device: str) -> tuple[str, str]:
+    """The text alternative of a plot of one operation's timings (ms, one per iteration, with their
+    median and mean), with the times; and a plain text without them (they differ from run to run)."""
+    import statistics
+
+    what = f"{len(times_ms)} timings of x @ x, 512×512, on {device}, one dot per iteration, with their median and mean"
+    times = ", ".join(f"{t:.2f}" for t in times_ms)
+    alt = f"{what}: {times} ms; median {statistics.median(times_ms):.2f} ms, mean {statistics.mean(times_ms):.2f} ms."
+    return alt, f"{what} (the times differ from run to run)."
+
+
+def describe_bandwidth(report: dict) -> tuple[str, str]:
+    """The text alternative of ``plot_bandwidth``'s figure, with each size's bus bandwidth and the
+    α–β fit; and a plain text without the measured numbers (they differ from machine to machine)."""
+    n = report["world_size"]
+    what = (
+        f"Bus bandwidth of all_reduce against message size (log scale), {n} ranks, {report['backend']} on "
+        f"{report['device']}, measured (dots) and the α–β fit (line), for {', '.join(report['impls'])}"
+    )
+    parts = []
+    for impl, data in report["impls"].items():
+        points = ", ".join(f"{r['bytes']} B: {r['busbw_bytes_per_s'] / 1e9:.3g} GB/s" for r in data["sizes"])
+        fit = ""
+        if n > 1 and len(data["sizes"]) >= 2:
+            f = fit_alpha_beta([r["bytes"] for r in data["sizes"]], [r["time_s"] for r in data["sizes"]], n)
+            fit = f"; fit α = {f.alpha_s * 1e6:.0f} µs, β = {f.beta_bytes_per_s / 1e9:.2f} GB/s"
+        parts.append(f"{impl}: {points}{fit}")
+    return f"{what}. " + ". ".join(parts) + ".", f"{what} (the numbers differ from machine to machine)."

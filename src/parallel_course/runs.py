@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from . import figure_output
 from .checks import CheckFailed, check_close, scale_of
 
 # What two runs must share to have trained alike, per step: the loss, and the whole gradient's norm
@@ -94,3 +95,49 @@ def check_negative_control(what: str, run: dict, reference: dict, tolerance: flo
         print(f"negative control: {failed}")
         return
     raise AssertionError(f"{what}: the gradient norms passed: this check cannot see the mistake")
+
+
+def describe_memory_by_layout(runs: dict[str, dict], rank: int = 0) -> str:
+    """The text alternative of ``plot_memory_by_layout``'s bars: what ``rank`` holds in each run, by part, in kB."""
+    rows = [
+        f"{layout} ({run['world_size']} process{'es' if run['world_size'] > 1 else ''}): "
+        + ", ".join(
+            f"{p.replace('_bytes', '').replace('_', ' ')} {run['memory'][rank][p] / 1e3:.1f}" for p in MEMORY_PARTS
+        )
+        for layout, run in runs.items()
+    ]
+    return f"Grouped bars, kB held on rank {rank} by layout: " + "; ".join(rows) + "."
+
+
+def describe_learning(losses: list[float], solved: dict[int, float]) -> tuple[str, str]:
+    """The text alternative of ``plot_learning``'s two panels: the loss at the first, middle and last
+    step and its lowest, and the share solved at each step measured; and a plain text without the
+    numbers (the last digits of a training run differ between machines and devices)."""
+    middle = len(losses) // 2
+    what = f"Loss over the answer digits (log scale) at each of {len(losses)} steps, and unseen problems solved (%)"
+    loss = (
+        f"loss {losses[0]:.3f} at step 1, {losses[middle - 1]:.3f} at step {middle}, "
+        f"{losses[-1]:.3f} at step {len(losses)}, lowest {min(losses):.3f}"
+    )
+    solved_text = ", ".join(f"{100 * s:.0f}% at step {k}" for k, s in solved.items())
+    alt = f"{what}: {loss}; solved {solved_text}."
+    return alt, f"{what} every {next(iter(solved))} steps (the numbers differ slightly between machines)."
+
+
+def show_memory_by_layout(runs: dict[str, dict], rank: int = 0) -> None:
+    """``plot_memory_by_layout``'s bars, shown with ``describe_memory_by_layout`` as their text alternative."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5), layout="tight")
+    plot_memory_by_layout(ax, runs, rank)
+    figure_output.show(fig, describe_memory_by_layout(runs, rank))
+
+
+def show_learning(losses: list[float], solved: dict[int, float]) -> None:
+    """``plot_learning``'s two panels, shown with ``describe_learning``'s text alternative and plain text."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 2.8), layout="tight")
+    plot_learning(axes, losses, solved)
+    alt, plain = describe_learning(losses, solved)
+    figure_output.show(fig, alt, plain=plain)

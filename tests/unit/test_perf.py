@@ -286,3 +286,17 @@ def test_saved_for_backward_under_autocast_counts_the_16_bit_weights():
     assert amp["parameters and inputs"] == 8 * 8  # only y: x is saved as a 16-bit copy
     assert amp["activations"] < fp32["activations"]
     assert all(p.grad is not None for p in model.parameters())  # backward ran, the graph is freed
+
+
+def test_describe_iterations_gives_the_times_in_alt_and_not_in_plain():
+    alt, plain = bench_plots.describe_iterations([3.0, 1.0, 2.0], "cpu")
+    assert "3 timings" in alt and "3.00, 1.00, 2.00 ms" in alt and "median 2.00 ms, mean 2.00 ms" in alt
+    assert "on cpu" in plain and "1.00" not in plain
+
+
+def test_describe_bandwidth_gives_each_size_and_the_fit_in_alt_and_not_in_plain():
+    alt, plain = bench_plots.describe_bandwidth(ALLREDUCE_REPORT)
+    # 16 MiB at 1 GB/s after 100 µs: busbw = algbw = 16777216 / 0.016877216 s
+    assert "16777216 B: 0.994 GB/s" in alt and "ring: 1024 B:" in alt
+    assert "fit α = 100 µs, β = 1.00 GB/s" in alt
+    assert "2 ranks, gloo on cpu" in plain and "torch, ring" in plain and "GB/s:" not in plain and "α =" not in plain

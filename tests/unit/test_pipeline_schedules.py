@@ -5,7 +5,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from parallel_course import model_parallel as pipe
-from parallel_course.explorers.pipeline import draw_timeline
+from parallel_course.explorers.pipeline import KEY, describe_measured, describe_timelines, draw_timeline
 
 # Every m that is a multiple of p, up to 4p, for p <= 6 and v <= 4 chunks per device.
 MULTIPLES = [(p, m, v) for p in range(1, 7) for m in range(p, 4 * p + 1, p) for v in range(1, 5)]
@@ -205,3 +205,17 @@ def test_draw_timeline_draws_chunks_and_ws():
     assert "F0a" in [t.get_text() for t in axes[0].texts]
     legend = [t.get_text() for t in axes[1].get_legend().get_texts()]
     assert legend == ["forward", "input gradient (B)", "weight gradient (W)"]
+
+
+def test_describe_timeline_lists_each_stage_in_time_order():
+    ops = pipe.schedule("gpipe", 2, 2)
+    text = describe_timelines({"GPipe": ops})
+    assert text == KEY + "GPipe: 6 time units; stage 0: F0@0 F1@1 B0@4 B1@5; stage 1: F0@1 F1@2 B0@3 B1@4."
+    # measured, in seconds: stage 0 busy 4 ms of 5, stage 1 2 ms of 5
+    busy = [[[0.0, 0.001, "F0"], [0.002, 0.005, "B0"]], [[0.001, 0.002, "F0"], [0.002, 0.003, "B0"]]]
+    alt, plain = describe_measured({"naive": {"busy": busy}}, {"naive": pipe.schedule("gpipe", 2, 1)})
+    assert "measured (ms), idle 40%: stage 0: F0 0.0-1.0 B0 2.0-5.0; stage 1: F0 1.0-2.0 B0 2.0-3.0." in alt
+    assert (
+        plain.startswith(KEY + "naive, predicted idle 50%: 4 time units; stage 0: F0@0 B0@3;")
+        and "2.0-5.0" not in plain
+    )

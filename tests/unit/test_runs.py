@@ -86,3 +86,23 @@ def test_a_negative_control_must_pass_on_losses_and_fail_on_norms(capsys):
         check_negative_control("same", reference, reference, 1e-4)
     with pytest.raises(CheckFailed, match="losses"):
         check_negative_control("other", {"losses": [3.0, 1.0], "gradient_norms": [2.0, 1.0]}, reference, 1e-4)
+
+
+def test_describe_memory_by_layout_gives_each_part_of_each_layout_in_kb():
+    from parallel_course.runs import MEMORY_PARTS, describe_memory_by_layout
+
+    memory = [{part: 1000.0 * (i + 1) for i, part in enumerate(MEMORY_PARTS)}]
+    runs = {"single": {"world_size": 1, "memory": memory}, "fsdp": {"world_size": 2, "memory": memory}}
+    text = describe_memory_by_layout(runs)
+    assert "kB held on rank 0 by layout: single (1 process): parameter 1.0" in text
+    assert "fsdp (2 processes): parameter 1.0, gradient 2.0" in text
+    assert "optimizer state 3.0, activation 4.0." in text
+
+
+def test_describe_learning_gives_the_numbers_in_alt_and_not_in_plain():
+    from parallel_course.runs import describe_learning
+
+    alt, plain = describe_learning([2.5, 1.0, 0.2, 0.1], {2: 0.1, 4: 0.95})
+    assert "loss 2.500 at step 1, 1.000 at step 2, 0.100 at step 4, lowest 0.100" in alt
+    assert "solved 10% at step 2, 95% at step 4" in alt
+    assert "every 2 steps" in plain and "95%" not in plain and "2.500" not in plain

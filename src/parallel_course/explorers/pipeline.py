@@ -122,3 +122,46 @@ class PipelineExplorer(Explorer):
 def pipeline_explorer(n_stages: int = 4, n_microbatches: int = 8) -> PipelineExplorer:
     """An explorer of GPipe and 1F1B: stages and micro-batches -> timelines, bubble, activations."""
     return PipelineExplorer(n_stages, n_microbatches)
+
+
+# How the text alternatives name operations: "F3@2" is micro-batch 3's forward, starting at time 2.
+KEY = (
+    "Pipeline timelines, an operation as kind, micro-batch and start "
+    "(F forward, B backward, W weight gradient, L loss). "
+)
+
+
+def describe_timeline(ops: Sequence[pipe.Op]) -> str:
+    """What ``draw_timeline`` draws, as text: each stage's operations in time order, with their start
+    (an operation's label, "@", its slot), and the span the timeline covers."""
+    chunks = any(op.chunk for op in ops)
+    n_stages = max(op.stage for op in ops) + 1
+    rows = []
+    for s in range(n_stages):
+        mine = sorted((op for op in ops if op.stage == s), key=lambda op: op.slot)
+        rows.append(f"stage {s}: " + " ".join(f"{pipe.op_label(op, chunks)}@{op.slot:g}" for op in mine))
+    return f"{pipe.makespan(ops):g} time units; " + "; ".join(rows)
+
+
+def describe_timelines(panels: dict[str, Sequence[pipe.Op]]) -> str:
+    """The text alternative of a figure of timelines, one panel per title: each title, then
+    ``describe_timeline`` of its operations."""
+    return KEY + " ".join(f"{title}: {describe_timeline(ops)}." for title, ops in panels.items())
+
+
+def describe_measured(run: dict, predicted: dict[str, Sequence[pipe.Op]]) -> tuple[str, str]:
+    """The text alternative of the measured-vs-predicted figure of chapter 07a: per schedule, the
+    predicted timeline and each stage's measured intervals (ms after the first began); and a plain
+    text without the measured times (they differ from run to run)."""
+    alt, plain = [], []
+    for name, ops in predicted.items():
+        busy = run[name]["busy"]
+        t0 = min(interval[0] for stage in busy for interval in stage)
+        stages = "; ".join(
+            f"stage {s}: " + " ".join(f"{label} {1e3 * (a - t0):.1f}-{1e3 * (b - t0):.1f}" for a, b, label in intervals)
+            for s, intervals in enumerate(busy)
+        )
+        head = f"{name}, predicted idle {pipe.idle_fraction(ops):.0%}: {describe_timeline(ops)}"
+        alt.append(f"{head}; measured (ms), idle {pipe.measured_idle_fraction(busy):.0%}: {stages}.")
+        plain.append(f"{head}; and the measured timeline beside it (its times differ from run to run).")
+    return KEY + " ".join(alt), KEY + " ".join(plain)
