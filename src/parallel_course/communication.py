@@ -284,6 +284,20 @@ def cross_node_bytes_per_node(layout: str, gradient_bytes: int, nodes: int, rank
     return factor * gradient_bytes
 
 
+def describe_leaving(
+    nodes: list[int], leaving: dict[str, list[float]], labels: dict[str, str], ranks_per_node: int
+) -> str:
+    """The text alternative of chapter 14c's lines of ``cross_node_bytes_per_node``: for each
+    layout, the bytes leaving a node per step, in gradients, at each number of nodes."""
+    lines = "; ".join(
+        f"{labels[k]}: " + ", ".join(f"{g:.2f} at {r}" for r, g in zip(nodes, leaving[k], strict=True)) for k in labels
+    )
+    return (
+        f"Bytes leaving a node per step, in units of the gradient's bytes, against {nodes[0]} to {nodes[-1]} "
+        f"nodes of {ranks_per_node} GPUs (log scale), a line per layout. {lines}."
+    )
+
+
 # Local SGD / DiLoCo: the outer step by hand.
 
 
@@ -329,3 +343,21 @@ def local_sgd_sync_bytes(param_elements: int, steps: int, h: int, element_size: 
         raise ValueError(f"steps ({steps}) must be a multiple of H ({h})")
     syncs = steps // h
     return {"all_reduces": syncs, "per_step_bytes": syncs * param_elements * element_size / steps}
+
+
+def describe_local_sgd(runs: Mapping[str, dict], steps: int, window: int = 8) -> str:
+    """The text alternative of chapter 14c's local SGD figure: per run, its training loss (the mean
+    of ``window`` inner steps) at the first and last window, and its held-out loss against the bytes
+    it all-reduced per step."""
+    parts = []
+    for name, run in runs.items():
+        losses = run["losses"]
+        first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+        parts.append(
+            f"{name}: training loss {first:.3f} at step {window}, {last:.3f} at step {steps}; held-out loss "
+            f"{run['held_out']:.4f} at {run['payload_bytes'] / steps:,.0f} bytes per step"
+        )
+    return (
+        f"Left: training loss, the mean of {window} inner steps, per step; right: held-out loss against the bytes "
+        "all-reduced per step (log scale), a dot per run. " + "; ".join(parts) + "."
+    )

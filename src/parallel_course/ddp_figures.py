@@ -125,6 +125,24 @@ def describe_sampler(without: list[list[list[int]]], with_: list[list[list[int]]
     return " ".join(parts)
 
 
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def describe_loss_curves(runs: dict[str, dict]) -> str:
+    """The text alternative of chapter 04's loss curves (each run's ``metrics.json``): the runs
+    whose losses agree to 4 significant digits in every epoch named together, as one curve."""
+    curves: dict[tuple[str, ...], list[str]] = {}
+    for name, m in runs.items():
+        values = tuple(f"{loss:.4g}" for loss in m["loss"])
+        curves.setdefault(values, []).append(f"{name} (global batch {m['global_batch_size']})")
+    text = "; ".join(
+        f"{_and(names)}: {'one curve, ' if len(names) > 1 else ''}{', '.join(values)}"
+        for values, names in curves.items()
+    )
+    return f"Global mean MSE loss per epoch, log scale, a line per run; {len(curves)} distinct curves. {text}."
+
+
 # --- 05: buckets in backward order, and when each all-reduce starts --------------------------------
 
 

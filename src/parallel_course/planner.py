@@ -1298,5 +1298,16 @@ def main(argv=None) -> int:
     return 0
 
 
+def describe_step_parts(plans: dict[str, Plan]) -> str:
+    """The text alternative of chapter 14a's bars of predicted step time: each named layout's step
+    as compute, exposed communication and pipeline bubble, in seconds, and whether it fits."""
+    bars = "; ".join(
+        f"{name}: {p.step_s:.2f} s = compute {p.compute_s:.2f} + exposed communication {p.exposed_comm_s:.2f} + "
+        f"bubble {p.bubble_s:.2f}{'' if p.fits else ' (rejected)'}"
+        for name, p in plans.items()
+    )
+    return f"Predicted seconds per step, a bar per layout split into compute, exposed communication and bubble. {bars}."
+
+
 if __name__ == "__main__":
     sys.exit(main())

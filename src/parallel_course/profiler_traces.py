@@ -105,3 +105,40 @@ def trace_steps(trace: dict, step_name: str = "train_step", backward_name: str =
             }
         )
     return result
+
+
+def _all_reduces(n: int) -> str:
+    return f"{n} all-reduce{'' if n == 1 else 's'}"
+
+
+def describe_trace(steps: list[dict], top: list[dict], key: str) -> tuple[str, str]:
+    """The text alternative of chapter 06c's trace figure, with the measured times (ms after the
+    first backward began), and a plain text without them: which all-reduces ran against which
+    backward, and which operators were busiest, differ from run to run; nbval compares the plain."""
+    t0 = steps[0]["backward"][0]
+    where = "device" if key == "self_device_us" else "CPU"
+    layout = (
+        f"Left: for each of {len(steps)} profiled DDP steps on rank 0, backward()'s computation as a bar, and "
+        "its bucket all-reduces as bars beneath it, in ms since the first backward began. Right: the "
+        f"{len(top)} operators with the most {where} self time."
+    )
+    measured = []
+    for k, s in enumerate(steps, 1):
+        b0, b1 = ((t - t0) / 1e3 for t in s["backward"])
+        spans = ", ".join(f"{(a - t0) / 1e3:.1f} to {(b - t0) / 1e3:.1f}" for a, b in s["allreduce_spans"])
+        share = s["hidden_us"] / max(s["comm_us"], 1e-9)
+        measured.append(
+            f"Step {k}: backward from {b0:.1f} to {b1:.1f} ms; {_all_reduces(s['allreduces'])}, {spans} ms; "
+            f"{share:.0%} of their time during backward."
+        )
+    ops = "; ".join(f"{o['name']} {o[key] / 1e3:.1f} ms" for o in top)
+    alt = f"{layout} {' '.join(measured)} Busiest operators: {ops}."
+    counted = ", ".join(
+        f"step {k}: {_all_reduces(s['allreduces'])}, the first one "
+        + ("before" if s["starts_before_backward_ends"] else "after")
+        + " backward ended"
+        for k, s in enumerate(steps, 1)
+    )
+    varies = "(the times, and which operators were busiest, differ from run to run)"
+    plain = f"{layout} {counted[:1].upper()}{counted[1:]} {varies}."
+    return alt, plain

@@ -109,3 +109,18 @@ RUNS = [
         )
     ),
 ]
+
+
+def describe_ratios(names: list[str], ratios: list[float], fits: list[bool], band: float = 1.4) -> str:
+    """The text alternative of chapter 14a's dots: each published run's predicted / achieved tokens
+    per second, whether it lies within ``band`` either way, and whether its layout fits."""
+    dots = "; ".join(
+        f"{name}: {r:.2f}{'' if 1 / band < r < band else f', outside x{band:g}'}, "
+        + ("fits" if f else "rejected for memory")
+        for name, r, f in zip(names, ratios, fits, strict=True)
+    )
+    inside = sum(1 / band < r < band for r in ratios)
+    return (
+        f"Predicted / achieved tokens per second of {len(ratios)} published runs, a dot per run, the band "
+        f"within x{band:g} shaded: {inside} of {len(ratios)} inside. {dots}."
+    )

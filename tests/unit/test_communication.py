@@ -199,3 +199,19 @@ def test_local_sgd_sync_bytes():
     assert comm.local_sgd_sync_bytes(1000, 64, 1)["per_step_bytes"] == 4000
     with pytest.raises(ValueError, match="multiple of H"):
         comm.local_sgd_sync_bytes(1000, 64, 5)
+
+
+def test_describe_leaving_says_each_layouts_bytes_per_node_count():
+    alt = comm.describe_leaving([2, 4], {"ddp": [1.875, 1.9375], "hsdp": [1.0, 1.5]}, {"ddp": "DDP", "hsdp": "HSDP"}, 8)
+    assert "against 2 to 4 nodes of 8 GPUs" in alt
+    assert "DDP: 1.88 at 2, 1.94 at 4; HSDP: 1.00 at 2, 1.50 at 4." in alt
+
+
+def test_describe_local_sgd_says_each_runs_first_and_last_window_and_its_held_out_point():
+    runs = {
+        "sync": {"losses": [4.0, 2.0, 1.0, 1.0], "held_out": 0.5, "payload_bytes": 4000},
+        "H=4": {"losses": [3.0, 3.0, 2.0, 0.0], "held_out": 0.75, "payload_bytes": 1000},
+    }
+    alt = comm.describe_local_sgd(runs, steps=4, window=2)
+    assert "sync: training loss 3.000 at step 2, 1.000 at step 4; held-out loss 0.5000 at 1,000 bytes per step" in alt
+    assert "H=4: training loss 3.000 at step 2, 1.000 at step 4; held-out loss 0.7500 at 250 bytes per step." in alt

@@ -12,6 +12,7 @@ from parallel_course.ddp_figures import (
     bucket_rows,
     buckets_figure,
     describe_buckets,
+    describe_loss_curves,
     describe_sampler,
     describe_timeline,
     item_readers,
@@ -151,3 +152,19 @@ def test_the_timeline_draws_a_bar_per_bucket_from_launch_to_completion_and_its_p
     alt, plain = describe_timeline(TIMELINES)
     assert "cap unset, bucket 0 (layers 10,12): 6.3 to 29.8 ms" in alt
     assert "cap 1 MiB, bucket 5 (layers 0)" in plain and " ms" not in plain
+
+
+def test_describe_loss_curves_names_the_runs_that_draw_one_curve_together():
+    runs = {
+        "1 process": {"loss": [4.59021, 0.99904], "global_batch_size": 64},
+        "2 ranks": {"loss": [4.59019, 0.99897], "global_batch_size": 64},
+        "4 ranks": {"loss": [4.59018, 0.99901], "global_batch_size": 64},
+        "control": {"loss": [5.7891, 3.678], "global_batch_size": 128},
+    }
+    alt = describe_loss_curves(runs)
+    assert "2 distinct curves" in alt
+    assert (
+        "1 process (global batch 64), 2 ranks (global batch 64) and 4 ranks (global batch 64): one curve, 4.59, 0.999;"
+        in alt
+    )
+    assert alt.endswith("control (global batch 128): 5.789, 3.678.")

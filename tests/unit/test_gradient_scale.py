@@ -3,7 +3,7 @@
 import pytest
 from matplotlib.figure import Figure
 
-from parallel_course.gradient_scale import plot_gaps, plot_norms
+from parallel_course.gradient_scale import describe_gaps, describe_norms, plot_gaps, plot_norms
 
 
 def test_plot_norms_draws_each_run_per_step_the_reference_under_and_the_clip_line():
@@ -38,3 +38,21 @@ def test_plot_gaps_draws_the_background_runs_grey_under_the_others_named_once():
     assert list(ddp.get_ydata()) == [1e-8, 1e-9] and list(fsdp.get_ydata()) == [2e-8, 1e-8]
     assert ddp.get_color() == fsdp.get_color() == "0.6" and ddp.get_zorder() < slip.get_zorder()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["layouts", "slip", "tolerance 0.0001"]
+
+
+def test_describe_norms_says_each_runs_norms_and_the_steps_above_the_clip():
+    runs = {"one": {"gradient_norms": [2.0, 1.0]}, "slip": {"gradient_norms": [4.0, 2.0]}}
+    alt = describe_norms(runs, reference="one", clip=1.5)
+    assert "a dashed line at the clip, 1.5" in alt
+    assert "one (the reference, thick grey): 2, 1, above the clip line in step 1;" in alt
+    assert "slip: 4, 2, above the clip line in every step." in alt
+
+
+def test_describe_gaps_says_where_each_run_leaves_the_tolerance_and_the_background_together():
+    gaps = {"slip": [0.0, -0.5, 2e-3], "all": [1.0, 1.0, 1.0], "ddp": [3e-8, -8.6e-8, 0.0], "same": [0.0, 0.0, 0.0]}
+    alt = describe_gaps(gaps, 1e-4, "Losses", background={"fsdp": [2e-9], "tp": [-4e-9]}, background_label="layouts")
+    assert "slip: above the tolerance in steps 2, 3, at most 0.5" in alt
+    assert "all: above the tolerance in every step, at most 1" in alt
+    assert "ddp: within the tolerance in every step, below 1e-07" in alt
+    assert "same: equal in every step" in alt
+    assert alt.endswith("In grey, layouts (fsdp, tp): within the tolerance in every step, below 1e-08.")

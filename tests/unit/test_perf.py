@@ -125,6 +125,37 @@ def test_trace_steps_on_a_cpu_trace():
         assert s["starts_before_backward_ends"] is True
 
 
+def test_describe_trace_times_each_bar_in_the_alt_and_leaves_them_out_of_the_plain_text():
+    steps = [
+        {
+            "allreduces": 2,
+            "backward": (1000, 4000),
+            "comm_us": 2500,
+            "hidden_us": 1000,
+            "starts_before_backward_ends": True,
+            "allreduce_spans": [(2600, 3600), (4100, 5600)],
+        },
+        {
+            "allreduces": 1,
+            "backward": (11000, 14000),
+            "comm_us": 1000,
+            "hidden_us": 0,
+            "starts_before_backward_ends": False,
+            "allreduce_spans": [(14500, 15500)],
+        },
+    ]
+    top = [{"name": "gloo:all_reduce", "self_cpu_us": 2500}, {"name": "aten::addmm", "self_cpu_us": 1200}]
+    alt, plain = profiler_traces.describe_trace(steps, top, "self_cpu_us")
+    assert "Step 1: backward from 0.0 to 3.0 ms; 2 all-reduces, 1.6 to 2.6, 3.1 to 4.6 ms; 40% of their time" in alt
+    assert "Step 2: backward from 10.0 to 13.0 ms; 1 all-reduce, 13.5 to 14.5 ms; 0% of" in alt
+    assert "the 2 operators with the most CPU self time" in alt
+    assert alt.endswith("Busiest operators: gloo:all_reduce 2.5 ms; aten::addmm 1.2 ms.")
+    assert (
+        "Step 1: 2 all-reduces, the first one before backward ended, step 2: 1 all-reduce, the first one after" in plain
+    )
+    assert " ms;" not in plain and "addmm" not in plain
+
+
 def test_trace_steps_when_communication_starts_after_backward():
     events = [
         x("train_step", 0, 90, cat="user_annotation"),

@@ -24,7 +24,7 @@ from parallel_course import planner as P
 from parallel_course import transformer_memory as tm
 from parallel_course.gpt import GPT, Block, GPTConfig
 from parallel_course.model_parallel import idle_fraction, peak_activations, schedule
-from parallel_course.published_runs import RUNS, flops_as_tokens
+from parallel_course.published_runs import RUNS, describe_ratios, flops_as_tokens
 
 A100 = P.cluster("a100-80gb", 8)
 GPT3_6B = P.model("gpt3-6.7b")
@@ -644,3 +644,24 @@ def test_command_line_ranks_and_refuses_bad_arguments(capsys):
             P.main(bad)
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and err.count("\n") == 1 and message in err
+
+
+def test_describe_step_parts_says_each_layouts_step_by_part_and_which_are_rejected():
+    model, cluster = P.model("gpt3-6.7b"), P.cluster("a100-80gb", nodes=8)
+    plans = {
+        "pp": P.plan(model, cluster, P.Layout(4, tp=4, pp=4, micro_batch=32, recompute="full"), 512),
+        "tp=16": P.plan(model, cluster, P.Layout(4, tp=16, zero=1, micro_batch=4), 512),
+    }
+    alt = P.describe_step_parts(plans)
+    pp = plans["pp"]
+    assert (
+        f"pp: {pp.step_s:.2f} s = compute {pp.compute_s:.2f} + exposed communication "
+        f"{pp.exposed_comm_s:.2f} + bubble {pp.bubble_s:.2f};"
+    ) in alt
+    assert pp.bubble_s > 1 and alt.endswith("bubble 0.00 (rejected).")
+
+
+def test_describe_ratios_says_each_runs_ratio_and_which_lie_outside_the_band():
+    alt = describe_ratios(["a", "b"], [0.94, 1.5], [True, False])
+    assert "1 of 2 inside" in alt
+    assert "a: 0.94, fits; b: 1.50, outside x1.4, rejected for memory." in alt
